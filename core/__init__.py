@@ -1,0 +1,34 @@
+"""seqzoo: a plugin-based zoo of sequence-model components for PyTorch.
+
+    import seqzoo
+    model = seqzoo.build("tiny-gpt")                 # a recipe path, shipped name or dict
+    seqzoo.save(model, "tiny.safetensors")
+    model = seqzoo.load("tiny.safetensors")
+    ids = seqzoo.generate(model, prompt_ids, max_new_tokens=32)
+    seqzoo.registry().list("score")
+
+Plugins are imported when the registry is first used, not by ``import seqzoo``.
+"""
+from __future__ import annotations
+
+from .build import build
+from .checkpoint import load, save
+from .errors import CheckpointError, ConfigError, InputError, RecipeError, RegistryError, SeqzooError
+from .generation import generate
+from .hookspecs import hookimpl
+from .registry import Component, Registry, registry
+
+__version__ = "0.1.0"
+
+
+def tokenizer(model_or_recipe):
+    """The tokenizer named by a model's (or a resolved recipe's) ``tokenizer:`` section."""
+    recipe = getattr(model_or_recipe, "recipe", model_or_recipe)
+    return registry().create("tokenizer", recipe["tokenizer"])
+
+
+__all__ = [
+    "CheckpointError", "Component", "ConfigError", "InputError", "RecipeError", "Registry",
+    "RegistryError", "SeqzooError", "build", "generate", "hookimpl", "load", "registry", "save",
+    "tokenizer",
+]

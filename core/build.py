@@ -1,0 +1,78 @@
+"""Recipe -> model."""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from .errors import ConfigError, SeqzooError
+from .recipe import Resolved, resolve
+from .registry import registry
+from .schema import call_with, dotted
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; a CUDA device that is not there is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SeqzooError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or meta") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SeqzooError(f"device {name!r} requested but CUDA is not available; use device=cpu or auto")
+    return device
+
+
+def build(recipe: str | os.PathLike | dict, overrides: list[str] | None = None,
+          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> nn.Module:
+    """Build the model a recipe describes.
+
+    ``recipe`` is a path, a shipped recipe's name (``"gpt2"``) or a dict; ``overrides`` are
+    ``"key.path=value"`` strings. ``device``/``dtype`` override the recipe's ``runtime`` section;
+    ``device="meta"`` builds the structure without allocating parameters. The resolved recipe is
+    kept as ``model.recipe``.
+    """
+    return instantiate(resolve(recipe, overrides), device, dtype)
+
+
+def instantiate(resolved: Resolved, device: str | torch.device | None = None,
+                dtype: str | torch.dtype | None = None) -> nn.Module:
+    data = resolved.data
+    runtime = data["runtime"]
+    target = device if isinstance(device, torch.device) else pick_device(device or runtime["device"])
+    if isinstance(dtype, torch.dtype):
+        torch_dtype = dtype
+    else:
+        name = dtype or runtime["dtype"]
+        if name not in DTYPES:
+            raise SeqzooError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+        torch_dtype = DTYPES[name]
+    params = dict(data["model"])
+    component = registry().get("model", params.pop("kind"))
+    try:
+        with target:
+            model = call_with(component.cls, params)
+    except ConfigError as error:
+        raise resolved.error(("model",), str(error)) from None
+    model.to(dtype=torch_dtype)
+    if hasattr(model, "tie_weights"):  # .to() keeps ties, but a plugin may rebuild its head
+        model.tie_weights()
+    model.recipe = data
+    model.components = provenance(resolved)
+    return model
+
+
+def provenance(resolved: Resolved) -> dict[str, dict[str, str]]:
+    """Which plugin, distribution and version provided each component the recipe names."""
+    reg = registry()
+    out = {}
+    for path, kind, name in resolved.components:
+        component = reg.get(kind, name)
+        out[dotted(path)] = {"kind": kind, "name": name, "plugin": component.plugin,
+                             "distribution": component.distribution, "version": component.version}
+    return out

@@ -1,0 +1,171 @@
+"""Checkpoints: safetensors only (never pickle), with the resolved recipe in the metadata.
+
+Metadata keys: ``seqzoo.format``, ``seqzoo.recipe`` (JSON of the resolved recipe),
+``seqzoo.components`` (which plugin/version provided each component) and ``seqzoo.tied`` (names of
+tensors stored once under another name). Writes are atomic: a temp file in the same folder,
+fsync, rename, fsync of the folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from .errors import CheckpointError, SeqzooError
+
+FORMAT = "1"
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "_orig_mod", model)  # a torch.compile wrapper keeps the model here
+
+
+def _dedupe(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Store tensors that share memory (tied weights) once; map the other names to the kept one."""
+    kept: dict[tuple, str] = {}
+    tensors: dict[str, Tensor] = {}
+    tied: dict[str, str] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype) if tensor.device.type != "meta" else (name,)
+        if key in kept:
+            tied[name] = kept[key]
+        else:
+            kept[key] = name
+            tensors[name] = tensor.detach().contiguous()
+    return tensors, tied
+
+
+def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str, str] | None = None) -> Path:
+    """Write ``model``'s weights and resolved recipe to ``path`` atomically; returns the path."""
+    model = _unwrap(model)
+    recipe = getattr(model, "recipe", None)
+    if recipe is None:
+        raise SeqzooError("model has no .recipe; build it with seqzoo.build so it can be rebuilt on load")
+    recipe = _with_actual_dtype(recipe, model)
+    tensors, tied = _dedupe(model.state_dict())
+    if any(t.device.type == "meta" for t in tensors.values()):
+        raise SeqzooError("cannot save a model built on device='meta': it has no weights")
+    metadata = {
+        "seqzoo.format": FORMAT,
+        "seqzoo.recipe": json.dumps(recipe, sort_keys=True),
+        "seqzoo.components": json.dumps(getattr(model, "components", {}), sort_keys=True),
+        "seqzoo.tied": json.dumps(tied, sort_keys=True),
+        **(extra_metadata or {}),
+    }
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise CheckpointError(f"{path}: folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        save_file({k: v.cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(folder)
+    return path
+
+
+def _with_actual_dtype(recipe: dict, model: nn.Module) -> dict:
+    """The recipe with ``runtime.dtype`` set to the dtype the weights are in now (after .half()...)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    name = str(dtype).removeprefix("torch.") if dtype is not None else None
+    if name is None or recipe.get("runtime", {}).get("dtype") == name:
+        return recipe
+    return {**recipe, "runtime": {**recipe.get("runtime", {}), "dtype": name}}
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The metadata of a seqzoo checkpoint, or a CheckpointError saying what is wrong with it."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({_first_line(error)})") from None
+    if "seqzoo.recipe" not in metadata:
+        raise CheckpointError(f"{path}: safetensors file without a seqzoo recipe (not saved by seqzoo.save?)")
+    return metadata
+
+
+def load(path: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
+    """Rebuild the model stored at ``path`` from the file alone and load its weights."""
+    from .build import instantiate
+    from .recipe import resolve
+
+    metadata = read_metadata(path)
+    try:
+        recipe = json.loads(metadata["seqzoo.recipe"])
+        tied = json.loads(metadata.get("seqzoo.tied", "{}"))
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: corrupt seqzoo metadata ({error})") from None
+    try:
+        model = instantiate(resolve(recipe), device=device)
+    except SeqzooError as error:
+        raise CheckpointError(f"{path}: its recipe no longer builds: {error}") from None
+    target = next((p.device for p in model.parameters()), torch.device("cpu"))
+    with safe_open(str(path), framework="pt", device="cpu") as handle:
+        stored = {name: handle.get_tensor(name) for name in handle.keys()}
+    for name, source in tied.items():
+        if source in stored:
+            stored[name] = stored[source]
+    _check_tensors(path, model.state_dict(), stored)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(stored[name].to(device=target, dtype=tensor.dtype))
+    model.eval()
+    return model
+
+
+def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor]) -> None:
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
+    shapes = sorted(f"{n} {tuple(stored[n].shape)} != {tuple(t.shape)}"
+                    for n, t in expected.items() if n in stored and stored[n].shape != t.shape)
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_few(unexpected)}")
+    if shapes:
+        problems.append(f"wrong shapes (stored != recipe): {_few(shapes)}")
+    if problems:
+        raise CheckpointError(f"{path}: weights do not match the recipe: " + "; ".join(problems))
+
+
+def _few(items: list[str], n: int = 5) -> str:
+    more = f" and {len(items) - n} more" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,47 @@
+"""Exceptions users can hit. Each carries a one-line message that names the thing and the fix."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class SeqzooError(Exception):
+    """Base class for errors caused by user input; the CLI prints them as one line and exits 2."""
+
+
+class RegistryError(SeqzooError, LookupError):
+    """An unknown component name, or a plugin that broke the registry's rules."""
+
+
+class RecipeError(SeqzooError, ValueError):
+    """A recipe that cannot be built; the message starts with ``file:line: key.path:``."""
+
+
+class CheckpointError(SeqzooError, ValueError):
+    """A checkpoint file that cannot be read or does not match its recipe."""
+
+
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The most similar of ``choices`` to ``name``, or None when nothing is close."""
+    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_name(what: str, name: str, choices: Iterable[str]) -> str:
+    """``unknown score 'scaled_dt'; did you mean 'scaled_dot'?`` or the list of what exists."""
+    choices = sorted(choices)
+    match = closest(name, choices)
+    if match is not None:
+        return f"unknown {what} {name!r}; did you mean {match!r}?"
+    available = ", ".join(choices) if choices else "none registered"
+    return f"unknown {what} {name!r}; available: {available}"
+
+
+class ConfigError(SeqzooError, ValueError):
+    """A component parameter that is valid on its own but not with the core's arguments (e.g. a
+    rotary dim larger than the head dim). Raised by constructors; ``build`` reports it as a
+    ``RecipeError`` at the model section."""
+
+
+class InputError(SeqzooError, ValueError):
+    """Inputs a model cannot take (a sequence longer than its position table, a full cache)."""

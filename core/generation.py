@@ -1,0 +1,111 @@
+"""Autoregressive generation: greedy, temperature, top-k and top-p sampling, with a KV cache.
+
+A model supports generation by returning a session from ``model.start_generation(input_ids,
+max_new_tokens, use_cache)``; ``session.next(tokens)`` feeds the tokens just chosen (None for the
+prompt) and returns the logits (B, V) of the next position. ``CausalSession`` serves decoder-only
+models.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .errors import InputError
+
+
+class CausalSession:
+    """Decoding state of a decoder-only model: its KV cache, or (``use_cache=False``) the whole
+    sequence so far, recomputed every step (kept as the reference the cached path must equal)."""
+
+    def __init__(self, model: nn.Module, input_ids: Tensor, max_new_tokens: int, use_cache: bool,
+                 attention_mask: Tensor | None = None) -> None:
+        self.model = model
+        self.ids = input_ids
+        self.mask = attention_mask
+        self.cache = model.new_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens) \
+            if use_cache else None
+
+    def next(self, tokens: Tensor | None) -> Tensor:
+        """tokens (B,) chosen last step, or None for the prompt -> logits (B, V) in float32."""
+        if tokens is not None:
+            tokens = tokens[:, None]
+            self.ids = torch.cat([self.ids, tokens], dim=1)
+            if self.mask is not None:
+                self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
+        if self.cache is None:
+            feed = self.ids
+        else:
+            feed = self.ids if tokens is None else tokens
+        logits = self.model(feed, attention_mask=self.mask, cache=self.cache, logits_to_keep=1)
+        return logits[:, -1].float()
+
+
+def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: float | None,
+           generator: torch.Generator | None) -> Tensor:
+    """Pick the next token for each row of logits (B, V) -> (B,)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked before it already hold top_p of the mass; the
+        # most likely token always stays.
+        drop = probs.cumsum(dim=-1) - probs > top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             eos_id: int | None = None, seed: int | None = None,
+             attention_mask: Tensor | None = None) -> Tensor:
+    """Continue ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + new).
+
+    temperature 0 is greedy; otherwise sample from softmax(logits / temperature), keeping the
+    ``top_k`` most likely tokens and/or the smallest set holding ``top_p`` of the mass. After a
+    row emits ``eos_id`` it keeps emitting it; generation stops early once every row has.
+    ``seed`` makes sampling reproducible. ``use_cache=False`` recomputes the prefix every step.
+    """
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise InputError(f"input_ids must be (B, T) with T >= 1, got shape {tuple(input_ids.shape)}")
+    if max_new_tokens < 0:
+        raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise InputError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise InputError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise InputError(f"top_p must be in (0, 1], got {top_p}")
+    if max_new_tokens == 0:
+        return input_ids
+    was_training = model.training
+    model.eval()
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    session = model.start_generation(input_ids, max_new_tokens, use_cache, attention_mask=attention_mask)
+    out = [input_ids]
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    token = None
+    try:
+        for _ in range(max_new_tokens):
+            logits = session.next(token)
+            token = choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            if eos_id is not None:
+                token = token.masked_fill(done, eos_id)
+                done |= token == eos_id
+            out.append(token[:, None])
+            if eos_id is not None and bool(done.all()):
+                break
+    finally:
+        model.train(was_training)
+    return torch.cat(out, dim=1)

@@ -1,0 +1,307 @@
+"""Recipes: YAML files that say which components make a model.
+
+Loading is ``yaml.safe_load`` only. ``extends:`` deep-merges a base recipe (a path relative to the
+recipe, or a shipped recipe's name); ``--set key.path=value`` overrides parse their value as YAML.
+Validation runs before any tensor exists and every problem is one ``RecipeError`` whose message
+starts with ``file:line: key.path:``. The resolved recipe (defaults filled in) is plain data.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.resources
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import RecipeError, RegistryError
+from .interfaces import CORE_ARGS
+from .schema import SchemaError, Spec, Validator, dotted
+
+FORMAT_VERSION = 1
+MAX_EXTENDS_DEPTH = 16
+
+Location = tuple[str, int]  # (file, 1-based line)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where and how a built model runs.
+
+    device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``meta``.
+    dtype: parameter dtype. compile: wrap the model in ``torch.compile``.
+    """
+
+    device: str = "auto"
+    dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
+    compile: bool = False
+
+
+def _top_level(
+    model: Spec["model"],
+    seqzoo: Literal[1] = FORMAT_VERSION,
+    tokenizer: Spec["tokenizer"] = "bytes",
+    runtime: RuntimeConfig = RuntimeConfig(),
+) -> None:
+    """The schema of a whole recipe (``extends`` is consumed before validation)."""
+
+
+@dataclass
+class Resolved:
+    """A validated recipe: ``data`` with every default filled in, plus which components it names."""
+
+    data: dict
+    components: list[tuple[tuple, str, str]]
+    source: _Source | None = None
+
+    def error(self, path: tuple, message: str) -> RecipeError:
+        """A RecipeError located where ``path`` was written (for problems found while building)."""
+        return (self.source or _Source()).error(path, message)
+
+
+class _Source:
+    """A recipe being assembled: merged data and where each key path was written."""
+
+    def __init__(self) -> None:
+        self.data: dict = {}
+        self.where: dict[tuple, Location] = {}
+
+    def locate(self, path: tuple) -> Location:
+        for end in range(len(path), -1, -1):
+            if path[:end] in self.where:
+                return self.where[path[:end]]
+        return ("<recipe>", 1)
+
+    def error(self, path: tuple, message: str) -> RecipeError:
+        file, line = self.locate(tuple(path))
+        prefix = f"{file}:{line}: "
+        return RecipeError(f"{prefix}{dotted(path)}: {message}" if path else f"{prefix}{message}")
+
+
+# -- YAML with line numbers ----------------------------------------------------------------------
+def _read_yaml(text: str, file: str) -> tuple[Any, dict[tuple, Location]]:
+    """Parse ``text`` safely; return the data and the line of every key path (1-based)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        problem = error.problem or error.context or "invalid YAML"
+        raise RecipeError(f"{file}:{line}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as error:
+        raise RecipeError(f"{file}:1: invalid YAML: {str(error).splitlines()[0]}") from None
+    where: dict[tuple, Location] = {}
+    if node is not None:
+        _walk(node, (), where, file, set())
+    return data, where
+
+
+def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: set[int]) -> None:
+    if id(node) in seen:  # an alias: already mapped, and walking it again could explode
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        keys: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            line = key_node.start_mark.line + 1
+            if key in keys and isinstance(key_node, yaml.ScalarNode):
+                raise RecipeError(
+                    f"{file}:{line}: {dotted((*path, key))}: duplicate key (first written on line "
+                    f"{keys[key]}); keep one"
+                )
+            keys[key] = line
+            child = (*path, _scalar(key_node))
+            where[child] = (file, line)
+            _walk(value_node, child, where, file, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            where[(*path, index)] = (file, item.start_mark.line + 1)
+            _walk(item, (*path, index), where, file, seen)
+
+
+def _scalar(node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        return yaml.SafeLoader("").construct_object(node) if node.tag != "tag:yaml.org,2002:str" else node.value
+    return node.value
+
+
+# -- locating recipes ------------------------------------------------------------------------------
+def shipped_recipes() -> list[str]:
+    """Names of the recipes that ship with seqzoo."""
+    root = importlib.resources.files("seqzoo.recipes")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _find(ref: str, relative_to: Path | None) -> Path | None:
+    """A recipe path: as given, relative to the including recipe, or a shipped recipe's name."""
+    candidates = []
+    path = Path(ref)
+    if relative_to is not None and not path.is_absolute():
+        candidates.append(relative_to / path)
+    candidates.append(path)
+    name = ref[:-5] if ref.endswith(".yaml") else ref
+    if "/" not in name and os.sep not in name:
+        shipped = importlib.resources.files("seqzoo.recipes") / f"{name}.yaml"
+        candidates.append(Path(str(shipped)))
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_file(path: Path, source: _Source, chain: tuple[Path, ...], file_label: str) -> dict:
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise RecipeError(f"{file_label}:1: cannot read recipe: {error.strerror or error}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise RecipeError(f"{file_label}:{line}: recipe is not valid UTF-8 (byte {error.start})") from None
+    data, where = _read_yaml(text, file_label)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{file_label}:1: a recipe must be a mapping of keys, got {type(data).__name__}")
+    base_ref = data.pop("extends", None)
+    if base_ref is None:
+        merged, merged_where = {}, {}
+    else:
+        line = where.get(("extends",), (file_label, 1))[1]
+        if not isinstance(base_ref, str):
+            raise RecipeError(f"{file_label}:{line}: extends: expected a recipe path or name, got {base_ref!r}")
+        base = _find(base_ref, path.parent)
+        if base is None:
+            raise RecipeError(
+                f"{file_label}:{line}: extends: no recipe {base_ref!r} (looked next to {path.name} and "
+                f"among the shipped recipes: {', '.join(shipped_recipes())})"
+            )
+        resolved = base.resolve()
+        if resolved in chain:
+            cycle = " -> ".join(p.name for p in (*chain, resolved))
+            raise RecipeError(f"{file_label}:{line}: extends: cycle {cycle}")
+        if len(chain) >= MAX_EXTENDS_DEPTH:
+            raise RecipeError(f"{file_label}:{line}: extends: chain deeper than {MAX_EXTENDS_DEPTH} recipes")
+        inner = _Source()
+        merged = _load_file(base, inner, (*chain, resolved), _label(base))
+        merged_where = inner.where
+    source.where.update(merged_where)
+    _merge(merged, data, (), source.where)
+    where.pop(("extends",), None)
+    source.where.update(where)
+    return merged
+
+
+def _label(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _merge(base: dict, child: dict, path: tuple, where: dict) -> None:
+    """Deep-merge ``child`` into ``base`` in place. A component mapping whose ``kind`` changes
+    replaces the base's mapping (parameters of another kind must not leak in)."""
+    for key, value in child.items():
+        old = base.get(key)
+        mergeable = isinstance(old, dict) and isinstance(value, dict)
+        if mergeable and "kind" in value and old.get("kind", value["kind"]) != value["kind"]:
+            mergeable = False
+        if mergeable:
+            _merge(old, value, (*path, key), where)
+        else:
+            prefix = (*path, key)
+            for stale in [p for p in where if p[: len(prefix)] == prefix and len(p) > len(prefix)]:
+                del where[stale]
+            base[key] = copy.deepcopy(value)
+
+
+def _apply_override(source: _Source, override: str, index: int) -> None:
+    label = f"--set[{index}]"
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise RecipeError(f"{label}:1: {override!r}: an override is key.path=value, e.g. model.layers=4")
+    path = tuple(key.split("."))
+    if any(not part for part in path):
+        raise RecipeError(f"{label}:1: {key}: empty key in the path")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as error:
+        raise RecipeError(f"{label}:1: {key}: value {text!r} is not valid YAML ({str(error).splitlines()[0]})") from None
+    node = source.data
+    for depth, part in enumerate(path[:-1]):
+        if not isinstance(node.get(part), dict):
+            if part in node and node[part] is not None and not isinstance(node[part], str):
+                raise RecipeError(f"{label}:1: {dotted(path[: depth + 1])}: is not a mapping, cannot set {key}")
+            # A component named by a string becomes a mapping so a parameter can be set on it.
+            node[part] = {"kind": node[part]} if isinstance(node.get(part), str) else {}
+        node = node[part]
+    _merge(node, {path[-1]: value}, path[:-1], source.where)
+    for stale in [p for p in source.where if p[: len(path)] == path]:
+        del source.where[stale]
+    source.where[path] = (label, 1)
+
+
+# -- the entry point -------------------------------------------------------------------------------
+def resolve(recipe: str | os.PathLike | dict, overrides: list[str] | None = None) -> Resolved:
+    """Load, merge, override and validate a recipe; raise one ``RecipeError`` on any problem."""
+    source = _Source()
+    if isinstance(recipe, dict):
+        source.data = copy.deepcopy(recipe)
+        if "extends" in source.data:
+            base_ref = source.data.pop("extends")
+            base = _find(str(base_ref), None) if isinstance(base_ref, str) else None
+            if base is None:
+                raise RecipeError(f"<recipe>:1: extends: no recipe {base_ref!r}")
+            inner = _Source()
+            merged = _load_file(base, inner, (base.resolve(),), _label(base))
+            source.where.update(inner.where)
+            _merge(merged, source.data, (), source.where)
+            source.data = merged
+    else:
+        path = _find(os.fspath(recipe), None)
+        if path is None:
+            shipped = ", ".join(shipped_recipes())
+            raise RecipeError(f"{os.fspath(recipe)}:1: no such recipe file or shipped recipe (shipped: {shipped})")
+        source.data = _load_file(path, source, (path.resolve(),), _label(path))
+    for index, override in enumerate(overrides or [], start=1):
+        _apply_override(source, override, index)
+    return validate(source)
+
+
+def validate(source: _Source) -> Resolved:
+    from .registry import registry
+
+    registry_ = registry()
+    validator = Validator(registry_.resolve, lambda kind: CORE_ARGS.get(kind, ()))
+    try:
+        data = validator.params(_top_level, source.data, ())
+        model_cls = registry_.get("model", data["model"]["kind"]).cls
+        check = getattr(model_cls, "check_recipe", None)
+        if check is not None:
+            check(data["model"], ("model",))
+        tokenizer_cls = registry_.get("tokenizer", data["tokenizer"]["kind"]).cls
+        _check_vocab(tokenizer_cls, data)
+    except SchemaError as error:
+        raise source.error(error.path, error.message) from None
+    except RegistryError as error:  # a component that exists but fails while being inspected
+        raise source.error((), str(error)) from None
+    return Resolved(data, validator.components, source)
+
+
+def _check_vocab(tokenizer_cls: type, data: dict) -> None:
+    """The model's vocabulary must hold every id the tokenizer can produce."""
+    needed = getattr(tokenizer_cls, "vocab_size", None)
+    vocab = data["model"].get("vocab_size")
+    if isinstance(needed, int) and isinstance(vocab, int) and vocab < needed:
+        raise SchemaError(
+            ("model", "vocab_size"),
+            f"{vocab} is smaller than the {data['tokenizer']['kind']} tokenizer's {needed} ids; "
+            f"set model.vocab_size >= {needed}",
+        )

@@ -1,0 +1,29 @@
+"""GELU feed-forward (BERT, GPT-2): W₂ · GELU(W₁ x + b₁) + b₂, GELU(x) = x·Φ(x).
+
+``approximate: tanh`` is 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))), GPT-2's "gelu_new".
+"""
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import torch.nn.functional as F
+
+import seqzoo
+from seqzoo.schema import PositiveInt, Probability
+
+from ._mlp import MLP
+
+
+class GeluFFN(MLP):
+    """hidden: F (null = 4·C). bias: true. approximate: none (exact erf) or tanh. dropout: 0."""
+
+    def __init__(self, dim: int, hidden: PositiveInt | None = None, bias: bool = True,
+                 approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
+        super().__init__(dim, functools.partial(F.gelu, approximate=approximate), hidden, bias, dropout)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("ffn", "gelu", GeluFFN,
+                             summary="two-layer MLP with GELU, exact or tanh (BERT, GPT-2)")]

@@ -1,0 +1,23 @@
+"""ReLU feed-forward (Vaswani et al., 2017): W₂ · max(0, W₁ x + b₁) + b₂, F = 4·C by default."""
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+import seqzoo
+from seqzoo.schema import PositiveInt, Probability
+
+from ._mlp import MLP
+
+
+class ReluFFN(MLP):
+    """hidden: F (null = 4·C). bias: true (T5 v1.0: false). dropout: 0."""
+
+    def __init__(self, dim: int, hidden: PositiveInt | None = None, bias: bool = True,
+                 dropout: Probability = 0.0) -> None:
+        super().__init__(dim, F.relu, hidden, bias, dropout)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("ffn", "relu", ReluFFN,
+                             summary="two-layer MLP with ReLU (Vaswani 2017, T5 v1.0)")]

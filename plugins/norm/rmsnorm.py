@@ -1,0 +1,34 @@
+"""RMS normalisation (Zhang & Sennrich, 2019): y = x / √(mean(x²) + ε) · g.
+
+No mean subtraction and no bias (T5's "LayerNorm" is this). Normalised in float32, cast back to
+the input dtype, then multiplied by the weight (HF LLaMA order).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import seqzoo
+from seqzoo.interfaces import Norm
+from seqzoo.schema import PositiveFloat
+
+
+class RMSNorm(Norm):
+    """eps: inside the root (1e-6; LLaMA-2 and Mistral use 1e-5)."""
+
+    def __init__(self, dim: int, eps: PositiveFloat = 1e-6) -> None:
+        super().__init__(dim)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., C) -> (..., C)."""
+        normed = F.rms_norm(x.float(), (self.dim,), eps=self.eps).to(x.dtype)
+        return normed * self.weight
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("norm", "rmsnorm", RMSNorm, aliases=("rms",),
+                             summary="RMSNorm: root-mean-square scaling, weight only (LLaMA, T5)")]

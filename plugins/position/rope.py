@@ -1,0 +1,75 @@
+"""Rotary position embedding (Su et al., 2021, RoFormer).
+
+Pair k of each q/k head rotates by θ = p·ω_k, ω_k = base^(−2k/d_r):
+x'_a = x_a cos θ − x_b sin θ, x'_b = x_a sin θ + x_b cos θ. Pairs are (k, k + d_r/2) in the default
+rotate-half layout (GPT-NeoX, HF LLaMA) or (2k, 2k+1) with ``interleaved: true`` (Meta LLaMA, GPT-J).
+Angles and cos/sin are computed in float32 whatever the model dtype (bf16 cannot hold positions
+above 256 exactly). Only the first ``rotary_dim`` dims of each head rotate (partial rotary).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import seqzoo
+from seqzoo.errors import ConfigError
+from seqzoo.interfaces import PositionScheme
+from seqzoo.schema import PositiveFloat, PositiveInt
+
+
+def rope_inv_freq(rotary_dim: int, base: float, device: torch.device | None = None) -> Tensor:
+    """ω_k = base^(−2k/d_r) for k = 0..d_r/2−1, float32 (HF ``inv_freq``)."""
+    exponents = torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim
+    return 1.0 / (base ** exponents)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """Rotate the first 2·cos.shape[-1] dims of x (B, H, T, D) by per-pair angles; cos/sin
+    (B|1, 1, T, d_r/2) float32. The rest of each head passes through."""
+    half = cos.shape[-1]
+    rot, rest = x[..., : 2 * half].float(), x[..., 2 * half:]
+    if interleaved:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+    else:
+        a, b = rot[..., :half], rot[..., half:]
+        out = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    out = out.to(x.dtype)
+    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+class Rope(PositionScheme):
+    """base: ω base (10000; LLaMA-3 500000). rotary_dim: d_r, dims rotated per head (null = head
+    dim; must be even). interleaved: pair (2k, 2k+1) instead of (k, k + d_r/2)."""
+
+    def __init__(self, dim: int, head_dim: int, heads: int, max_seq_len: int,
+                 base: PositiveFloat = 10000.0, rotary_dim: PositiveInt | None = None,
+                 interleaved: bool = False) -> None:
+        super().__init__(dim, head_dim, heads, max_seq_len)
+        self.rotary_dim = rotary_dim or head_dim
+        if self.rotary_dim % 2 or self.rotary_dim > head_dim:
+            raise ConfigError(
+                f"rope rotary_dim={self.rotary_dim} must be even and at most head_dim={head_dim}")
+        self.base = base
+        self.interleaved = interleaved
+
+    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin of p·ω_k for positions (B|1, T) -> (B|1, 1, T, d_r/2), float32."""
+        inv_freq = rope_inv_freq(self.rotary_dim, self.base, positions.device)
+        # An elementwise product, not a matmul: TF32 matmuls would truncate large positions.
+        theta = positions.to(torch.float32)[:, None, :, None] * inv_freq
+        return theta.cos(), theta.sin()
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B, H, T, D) at q_pos (B|1, T) and k (B, K, T', D) at k_pos, both rotated."""
+        cos, sin = self.angles(q_pos)
+        q = rotate(q, cos, sin, self.interleaved)
+        if k_pos is not q_pos:
+            cos, sin = self.angles(k_pos)
+        return q, rotate(k, cos, sin, self.interleaved)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("position", "rope", Rope, aliases=("rotary",),
+                             summary="rotary q/k rotation, rotate-half or interleaved (Su 2021)")]

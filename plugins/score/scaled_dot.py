@@ -1,0 +1,54 @@
+"""Scaled dot-product attention (Vaswani et al., 2017): softmax(q·kᵀ / √D + bias, masked) · v.
+
+``attend`` runs ``torch.nn.functional.scaled_dot_product_attention`` — the fused flash /
+memory-efficient kernels on CUDA, the fused CPU kernel elsewhere — with grouped KV heads handled by
+the kernel (``enable_gqa``) instead of copying them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import seqzoo
+from seqzoo.interfaces import ScoreFunction, default_scale
+
+
+class ScaledDot(ScoreFunction):
+    """q·k / √D.
+
+    scale: the logit scale; null (default) means 1/√D. T5-style models use 1.0 (or the ``dot`` score).
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, heads: int, scale: float | None = None) -> None:
+        super().__init__(query_dim, key_dim, heads)
+        if query_dim != key_dim:
+            raise ValueError(f"scaled_dot needs query_dim == key_dim, got {query_dim} and {key_dim}")
+        self.scale = default_scale(query_dim, scale)
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """q (B, H, T, D), k (B, H, S, D) -> (B, H, T, S)."""
+        return (q @ k.transpose(-2, -1)) * self.scale
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
+               bias: Tensor | None = None, causal: bool = False, dropout: float = 0.0) -> Tensor:
+        """q (B, H, T, D), k/v (B, K, S, D) -> (B, H, T, D) through the fused kernel."""
+        attn_mask = mask
+        if bias is not None:
+            attn_mask = bias.to(q.dtype)
+            if mask is not None:
+                attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal and attn_mask is None,
+            scale=self.scale, enable_gqa=k.shape[1] != q.shape[1],
+        )
+        if mask is not None:
+            # Rows that see no key are zeros on every backend (some kernels return NaN there).
+            out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        return out
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("score", "scaled_dot", ScaledDot, aliases=("sdpa",),
+                             summary="q·k/√D, fused scaled_dot_product_attention kernel (Vaswani 2017)")]
