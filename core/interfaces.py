@@ -138,6 +138,9 @@ class PositionScheme(nn.Module):
         self.head_dim = head_dim
         self.heads = heads
         self.max_seq_len = max_seq_len
+        #: Set by the stack that owns the scheme: True in decoders (keys never follow the query),
+        #: False in encoders. Relative schemes with direction-dependent buckets (T5) read it.
+        self.causal = True
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         """Absolute schemes add to token embeddings: x (B, T, C), positions (B|1, T) -> (B, T, C)."""
@@ -151,6 +154,23 @@ class PositionScheme(nn.Module):
         """Additive logit bias (B|1, H, T, S) for q (B, H, T, D) at q_pos (B|1, T) against keys at
         k_pos (B|1, S), or None."""
         return None
+
+
+class RopeScaling(nn.Module):
+    """A RoPE context-extension rule (kind ``rope_scaling``, the ``scaling:`` of ``rope``).
+
+    Constructor: ``(**params)`` only. It changes the rotation frequencies ω_k and may return an
+    amplitude ``attention_factor`` that multiplies both cos and sin (so logits scale by its square).
+    """
+
+    def frequencies(self, inv_freq: Tensor, *, rotary_dim: int, base: float, max_seq_len: int,
+                    positions: Tensor) -> tuple[Tensor, float]:
+        """inv_freq (d_r/2,) float32, the unscaled ω_k = base^(−2k/d_r) -> (scaled ω', factor).
+
+        ``max_seq_len`` is the model's; ``positions`` (B|1, T) the positions being rotated (the
+        dynamic rule reads the current length from them).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement frequencies(...)")
 
 
 class Norm(nn.Module):
@@ -227,4 +247,6 @@ BASES: dict[str, type] = {
     "cell": RecurrentCell,
     "model": nn.Module,
     "tokenizer": Tokenizer,
+    "rope_scaling": RopeScaling,
+    "activation": nn.Module,
 }

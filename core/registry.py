@@ -94,7 +94,7 @@ class Registry:
         """
         from .schema import SchemaError, Validator, call_with
 
-        validator = Validator(self.resolve, CORE_ARGS.get)
+        validator = Validator(self.resolve, lambda k: CORE_ARGS.get(k, ()))
         try:
             spec = validator.spec(kind, name_or_spec, (kind,))
         except SchemaError as error:

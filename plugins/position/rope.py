@@ -14,7 +14,7 @@ from torch import Tensor
 import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import PositionScheme
-from seqzoo.schema import PositiveFloat, PositiveInt
+from seqzoo.schema import PositiveFloat, PositiveInt, Spec
 
 
 def rope_inv_freq(rotary_dim: int, base: float, device: torch.device | None = None) -> Tensor:
@@ -40,11 +40,12 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
 
 class Rope(PositionScheme):
     """base: ω base (10000; LLaMA-3 500000). rotary_dim: d_r, dims rotated per head (null = head
-    dim; must be even). interleaved: pair (2k, 2k+1) instead of (k, k + d_r/2)."""
+    dim; must be even). interleaved: pair (2k, 2k+1) instead of (k, k + d_r/2). scaling: a
+    ``rope_scaling`` component (linear, ntk, dynamic, yarn, llama3) or null."""
 
     def __init__(self, dim: int, head_dim: int, heads: int, max_seq_len: int,
                  base: PositiveFloat = 10000.0, rotary_dim: PositiveInt | None = None,
-                 interleaved: bool = False) -> None:
+                 interleaved: bool = False, scaling: Spec["rope_scaling"] | None = None) -> None:
         super().__init__(dim, head_dim, heads, max_seq_len)
         self.rotary_dim = rotary_dim or head_dim
         if self.rotary_dim % 2 or self.rotary_dim > head_dim:
@@ -52,13 +53,21 @@ class Rope(PositionScheme):
                 f"rope rotary_dim={self.rotary_dim} must be even and at most head_dim={head_dim}")
         self.base = base
         self.interleaved = interleaved
+        self.scaling = seqzoo.registry().create("rope_scaling", scaling) if scaling else None
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin of p·ω_k for positions (B|1, T) -> (B|1, 1, T, d_r/2), float32."""
         inv_freq = rope_inv_freq(self.rotary_dim, self.base, positions.device)
+        factor = 1.0
+        if self.scaling is not None:
+            inv_freq, factor = self.scaling.frequencies(
+                inv_freq, rotary_dim=self.rotary_dim, base=self.base,
+                max_seq_len=self.max_seq_len, positions=positions)
         # An elementwise product, not a matmul: TF32 matmuls would truncate large positions.
         theta = positions.to(torch.float32)[:, None, :, None] * inv_freq
-        return theta.cos(), theta.sin()
+        if factor == 1.0:
+            return theta.cos(), theta.sin()
+        return theta.cos() * factor, theta.sin() * factor
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """q (B, H, T, D) at q_pos (B|1, T) and k (B, K, T', D) at k_pos, both rotated."""
