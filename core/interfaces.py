@@ -25,6 +25,11 @@ CORE_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
+def upcast(x: Tensor) -> Tensor:
+    """x in at least float32 (half inputs are promoted, float64 is kept) for precise reductions."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def expand_kv(x: Tensor, heads: int) -> Tensor:
     """Repeat each of the K key/value heads ``heads // K`` times: (B, K, S, D) -> (B, H, S, D).
 
@@ -103,7 +108,7 @@ def masked_softmax_attend(
         logits = logits + bias
     if mask is None and causal:
         mask = causal_mask(logits.shape[-2], logits.shape[-1], logits.device)
-    probs = logits.float()
+    probs = upcast(logits)
     if mask is not None:
         probs = probs.masked_fill(~mask, float("-inf"))
     probs = probs.softmax(dim=-1)

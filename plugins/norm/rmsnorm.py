@@ -1,6 +1,6 @@
 """RMS normalisation (Zhang & Sennrich, 2019): y = x / √(mean(x²) + ε) · g.
 
-No mean subtraction and no bias (T5's "LayerNorm" is this). Normalised in float32, cast back to
+No mean subtraction and no bias (T5's "LayerNorm" is this). Normalised in (at least) float32, cast back to
 the input dtype, then multiplied by the weight (HF LLaMA order).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.interfaces import Norm
+from seqzoo.interfaces import Norm, upcast
 from seqzoo.schema import PositiveFloat
 
 
@@ -24,7 +24,7 @@ class RMSNorm(Norm):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., C) -> (..., C)."""
-        normed = F.rms_norm(x.float(), (self.dim,), eps=self.eps).to(x.dtype)
+        normed = F.rms_norm(upcast(x), (self.dim,), eps=self.eps).to(x.dtype)
         return normed * self.weight
 
 

@@ -13,7 +13,7 @@ from torch import Tensor
 
 import seqzoo
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import PositionScheme
+from seqzoo.interfaces import PositionScheme, upcast
 from seqzoo.schema import PositiveFloat, PositiveInt, Spec
 
 
@@ -27,7 +27,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     """Rotate the first 2·cos.shape[-1] dims of x (B, H, T, D) by per-pair angles; cos/sin
     (B|1, 1, T, d_r/2) float32. The rest of each head passes through."""
     half = cos.shape[-1]
-    rot, rest = x[..., : 2 * half].float(), x[..., 2 * half:]
+    rot, rest = upcast(x[..., : 2 * half]), x[..., 2 * half:]
     if interleaved:
         a, b = rot[..., 0::2], rot[..., 1::2]
         out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import seqzoo
-from seqzoo.interfaces import ScoreFunction, default_scale
+from seqzoo.interfaces import ScoreFunction, causal_mask, default_scale
 
 
 class ScaledDot(ScoreFunction):
@@ -33,6 +33,9 @@ class ScaledDot(ScoreFunction):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
                bias: Tensor | None = None, causal: bool = False, dropout: float = 0.0) -> Tensor:
         """q (B, H, T, D), k/v (B, K, S, D) -> (B, H, T, D) through the fused kernel."""
+        if causal and mask is None and bias is not None:
+            # SDPA cannot combine is_causal with an explicit bias; spell the mask out.
+            mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
         attn_mask = mask
         if bias is not None:
             attn_mask = bias.to(q.dtype)

@@ -1,0 +1,94 @@
+"""The seqzoo command line, run as a user would from a fresh shell."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import seqzoo
+from seqzoo.cli import main
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "seqzoo", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_build_then_generate_from_a_fresh_shell(tmp_path):
+    built = run("build", "tiny-gpt", "-o", "m.safetensors", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    assert "233,024 parameters" in built.stdout
+    out = run("generate", "m.safetensors", "--prompt", "hello", "--max-new-tokens", "5", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("hello")
+
+
+def test_bad_score_name_exits_2_with_one_line(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(textwrap.dedent("""\
+        seqzoo: 1
+        extends: tiny-gpt
+        model:
+          attention:
+            heads: 4
+            score: scaled_dt
+    """))
+    out = run("build", str(recipe), cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].endswith("bad.yaml:6: model.attention.score: unknown score 'scaled_dt'; did you mean 'scaled_dot'?")
+    assert "Traceback" not in out.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(seqzoo.RecipeError):
+        main(["--debug", "build", "tiny-gpt", "--set", "model.layers=zero"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "missing.safetensors", "--prompt", "x"], "missing.safetensors: no such checkpoint file"),
+    (["build", "tiny-gpt", "--set", "model.layers=0"], "model.layers: 0 is out of range: must be >= 1"),
+    (["list", "scor"], "unknown component kind 'scor'; did you mean 'score'?"),
+])
+def test_bad_input_exits_2_with_a_clear_line(capsys, args, message):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_list_shows_every_component_with_summary_and_origin(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for component in seqzoo.registry().list():
+        assert any(line.split()[:2] == [component.kind, component.name] and component.summary in line
+                   for line in out.splitlines())
+    assert "[seqzoo 0.1.0]" in out
+
+
+def test_list_kind_filters(capsys):
+    assert main(["list", "norm"]) == 0
+    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()} == {"norm"}
+
+
+def test_show_prints_resolved_recipe_and_parameter_count_without_allocating(capsys):
+    assert main(["show", "gpt2"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 124,439,808" in out
+    assert "kind: decoder_lm" in out and "DecoderLM(" in out
+
+
+def test_generate_with_ids_bypasses_the_tokenizer(tmp_path, capsys):
+    assert main(["build", "tiny-gpt", "-o", str(tmp_path / "m.safetensors")]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "m.safetensors"), "--ids", "1,2,3", "--max-new-tokens", "4"]) == 0
+    ids = capsys.readouterr().out.strip().split(",")
+    assert ids[:3] == ["1", "2", "3"] and len(ids) == 7
+
+
+def test_generate_rejects_ids_outside_the_vocabulary(tmp_path, capsys):
+    assert main(["build", "tiny-gpt", "-o", str(tmp_path / "m.safetensors")]) == 0
+    assert main(["generate", str(tmp_path / "m.safetensors"), "--ids", "1,999"]) == 2
+    assert "outside the vocabulary [0, 259)" in capsys.readouterr().err

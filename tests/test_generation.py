@@ -1,0 +1,85 @@
+"""Generation: cached == uncached, sampling controls, EOS handling."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import seqzoo
+from seqzoo.generation import choose
+
+
+@pytest.mark.parametrize("overrides", [[], ["model.position=rope"], ["model.attention.kv_heads=1"],
+                                       ["model.attention.window=5"], ["model.position=sinusoidal"]])
+def test_cached_and_uncached_greedy_are_identical(overrides):
+    model = seqzoo.build("tiny-gpt", overrides, device="cpu")
+    ids = torch.randint(0, 259, (3, 7))
+    cached = seqzoo.generate(model, ids, 20)
+    uncached = seqzoo.generate(model, ids, 20, use_cache=False)
+    assert cached.shape == (3, 27)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached[:, :7], ids)
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_gpt):
+    ids = torch.randint(0, 259, (2, 4))
+    a = seqzoo.generate(tiny_gpt, ids, 10, temperature=1.0, seed=3)
+    b = seqzoo.generate(tiny_gpt, ids, 10, temperature=1.0, seed=3)
+    c = seqzoo.generate(tiny_gpt, ids, 10, temperature=1.0, seed=4)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_top_k_one_equals_greedy(tiny_gpt):
+    ids = torch.randint(0, 259, (2, 4))
+    assert torch.equal(seqzoo.generate(tiny_gpt, ids, 8, temperature=1.0, top_k=1, seed=0),
+                       seqzoo.generate(tiny_gpt, ids, 8))
+
+
+def test_top_p_keeps_the_smallest_set_holding_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    generator = torch.Generator().manual_seed(0)
+    picks = {choose(logits, temperature=1.0, top_k=None, top_p=0.7, generator=generator).item()
+             for _ in range(200)}
+    assert picks == {0, 1}
+
+
+def test_top_k_excludes_the_rest():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    generator = torch.Generator().manual_seed(0)
+    picks = {choose(logits, temperature=2.0, top_k=2, top_p=None, generator=generator).item()
+             for _ in range(200)}
+    assert picks == {0, 1}
+
+
+def test_eos_stops_and_pads_finished_rows(tiny_gpt):
+    ids = torch.randint(0, 259, (2, 4))
+    greedy = seqzoo.generate(tiny_gpt, ids, 6)
+    eos = int(greedy[0, 5])  # the second token row 0 generates
+    out = seqzoo.generate(tiny_gpt, ids, 6, eos_id=eos)
+    row0 = out[0, 4:].tolist()
+    assert row0[1] == eos and all(t == eos for t in row0[1:])
+
+
+def test_generate_restores_training_mode(tiny_gpt):
+    tiny_gpt.train()
+    seqzoo.generate(tiny_gpt, torch.zeros(1, 2, dtype=torch.long), 2)
+    assert tiny_gpt.training
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"top_k": 0}, "top_k must be >= 1"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+])
+def test_bad_sampling_arguments_are_clear_errors(tiny_gpt, kwargs, message):
+    with pytest.raises(seqzoo.InputError, match=message):
+        seqzoo.generate(tiny_gpt, torch.zeros(1, 2, dtype=torch.long), 2, **kwargs)
+
+
+def test_empty_prompt_is_a_clear_error(tiny_gpt):
+    with pytest.raises(seqzoo.InputError, match=r"input_ids must be \(B, T\) with T >= 1"):
+        seqzoo.generate(tiny_gpt, torch.zeros(1, 0, dtype=torch.long), 2)
+
+
+def test_one_dim_prompt_is_treated_as_a_batch_of_one(tiny_gpt):
+    out = seqzoo.generate(tiny_gpt, torch.tensor([1, 2, 3]), 4)
+    assert out.shape == (1, 7)

@@ -1,0 +1,54 @@
+"""Shipped recipes build to the exact sizes of the models they describe."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import seqzoo
+from seqzoo.recipe import shipped_recipes
+
+
+def count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_gpt2_parameter_count_on_meta():
+    model = seqzoo.build("gpt2", device="meta")
+    assert count(model) == 124_439_808
+    assert next(model.parameters()).device.type == "meta"
+
+
+@pytest.mark.parametrize("name", shipped_recipes())
+def test_every_shipped_recipe_builds_on_meta(name):
+    assert count(seqzoo.build(name, device="meta")) > 0
+
+
+def test_tiny_gpt_builds_and_runs_well_under_a_second():
+    start = time.perf_counter()
+    model = seqzoo.build("tiny-gpt", device="cpu")
+    with torch.no_grad():
+        logits = model(torch.randint(0, 259, (1, 32)))
+    assert time.perf_counter() - start < 1.0
+    assert logits.shape == (1, 32, 259)
+    assert 100_000 < count(model) < 1_000_000
+
+
+def test_build_casts_to_the_requested_dtype():
+    model = seqzoo.build("tiny-gpt", device="cpu", dtype="bfloat16")
+    assert model.embed.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight is model.embed.weight
+
+
+def test_build_unknown_device_is_a_clear_error():
+    with pytest.raises(seqzoo.SeqzooError, match="unknown device 'tpu'"):
+        seqzoo.build("tiny-gpt", device="tpu")
+
+
+def test_residual_projections_get_the_depth_scaled_init():
+    model = seqzoo.build("tiny-gpt", ["model.layers=8", "model.dim=128"], device="cpu")
+    out_std = model.blocks[0].attn.out_proj.weight.std().item()
+    qkv_std = model.blocks[0].attn.qkv_proj.weight.std().item()
+    assert qkv_std == pytest.approx(0.02, rel=0.05)
+    assert out_std == pytest.approx(0.02 / 4, rel=0.05)  # 0.02 / √(2·8)

@@ -1,0 +1,192 @@
+"""Recipes: YAML loading, extends, overrides, validation errors with file:line: key.path."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import seqzoo
+from seqzoo.recipe import resolve
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+TINY = """
+seqzoo: 1
+model:
+  kind: decoder_lm
+  vocab_size: 300
+  dim: 32
+  layers: 2
+  max_seq_len: 64
+  attention:
+    heads: 4
+    score: scaled_dot
+"""
+
+
+def test_resolve_fills_defaults(tmp_path):
+    data = resolve(write(tmp_path, "r.yaml", TINY)).data
+    assert data["model"]["position"] == {"kind": "learned"}
+    assert data["model"]["norm"] == {"kind": "layernorm", "eps": 1e-5, "bias": True}
+    assert data["model"]["attention"]["kv_heads"] is None
+    assert data["runtime"] == {"device": "auto", "dtype": "float32", "compile": False}
+    assert data["tokenizer"] == {"kind": "bytes"}
+
+
+def test_resolve_is_idempotent_on_its_own_output(tmp_path):
+    data = resolve(write(tmp_path, "r.yaml", TINY)).data
+    assert resolve(data).data == data
+
+
+def test_extends_shipped_recipe_by_name_deep_merges(tmp_path):
+    child = write(tmp_path, "c.yaml", """
+        seqzoo: 1
+        extends: tiny-gpt
+        model:
+          layers: 1
+          attention: {heads: 2}
+    """)
+    data = resolve(child).data
+    assert data["model"]["layers"] == 1
+    assert data["model"]["attention"]["heads"] == 2
+    assert data["model"]["dim"] == 64  # inherited
+
+
+def test_extends_relative_path_and_chains(tmp_path):
+    write(tmp_path, "base.yaml", TINY)
+    write(tmp_path, "mid.yaml", "extends: base.yaml\nmodel: {layers: 3}\n")
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    leaf = write(sub, "leaf.yaml", "extends: ../mid.yaml\nmodel: {dim: 64}\n")
+    data = resolve(leaf).data
+    assert (data["model"]["layers"], data["model"]["dim"], data["model"]["vocab_size"]) == (3, 64, 300)
+
+
+def test_extends_component_of_another_kind_replaces_its_params(tmp_path):
+    write(tmp_path, "base.yaml", TINY + "  norm: {kind: layernorm, eps: 1.0e-12, bias: false}\n")
+    child = write(tmp_path, "c.yaml", "extends: base.yaml\nmodel:\n  norm: {kind: rmsnorm}\n")
+    assert resolve(child).data["model"]["norm"] == {"kind": "rmsnorm", "eps": 1e-6}
+
+
+def test_override_value_is_parsed_as_yaml(tmp_path):
+    data = resolve("tiny-gpt", ["model.position={kind: rope, base: 500000}", "model.layers=2",
+                                "model.tie_embeddings=false"]).data
+    assert data["model"]["position"]["kind"] == "rope" and data["model"]["position"]["base"] == 500000.0
+    assert data["model"]["layers"] == 2 and data["model"]["tie_embeddings"] is False
+
+
+def test_override_sets_a_param_on_a_component_named_by_string():
+    data = resolve("tiny-gpt", ["model.position=rope", "model.position.base=1000"]).data
+    assert data["model"]["position"]["base"] == 1000.0
+
+
+def test_build_from_dict_recipe_keeps_resolved_recipe_on_model():
+    recipe = resolve("tiny-gpt").data
+    model = seqzoo.build(recipe, device="cpu")
+    assert model.recipe == recipe
+
+
+@pytest.mark.parametrize("text, location, message", [
+    ("    score: scaled_dt\n", r"r\.yaml:10: model\.attention\.score",
+     r"unknown score 'scaled_dt'; did you mean 'scaled_dot'\?"),
+    ("    hedas: 4\n", r"r\.yaml:10: model\.attention\.hedas", r"unknown key 'hedas'; did you mean 'heads'\?"),
+    ("    kv_heads: 3\n", r"r\.yaml:10: model\.attention\.kv_heads", "heads=4 must be divisible by kv_heads=3"),
+    ("    dropout: 1.5\n", r"r\.yaml:10: model\.attention\.dropout", "1.5 is out of range: must be < 1.0"),
+    ("    window: 0\n", r"r\.yaml:10: model\.attention\.window", "0 is out of range: must be >= 1"),
+    ("    bias: yes please\n", r"r\.yaml:10: model\.attention\.bias", "expected true or false"),
+])
+def test_validation_error_names_file_line_and_key(tmp_path, text, location, message):
+    recipe = TINY.replace("    score: scaled_dot\n", "") + text
+    with pytest.raises(seqzoo.RecipeError, match=rf"{location}: {message}"):
+        resolve(write(tmp_path, "r.yaml", recipe))
+
+
+def test_missing_key_points_at_its_section(tmp_path):
+    recipe = TINY.replace("  layers: 2\n", "")
+    with pytest.raises(seqzoo.RecipeError, match=r"/r\.yaml:2: model\.layers: missing required key 'layers'"):
+        resolve(write(tmp_path, "r.yaml", recipe))
+
+
+def test_wrong_type_from_override_names_the_override():
+    with pytest.raises(seqzoo.RecipeError, match=r"^--set\[1\]:1: model\.layers: expected an integer, got 'four'"):
+        resolve("tiny-gpt", ["model.layers=four"])
+
+
+def test_dim_not_divisible_by_heads(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"model\.attention\.heads: dim=32 must be divisible by heads=5"):
+        resolve("tiny-gpt", ["model.dim=32", "model.attention.heads=5"])
+
+
+def test_unknown_top_level_key_is_an_error(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:11: plugins: unknown key 'plugins'"):
+        resolve(write(tmp_path, "r.yaml", TINY + "plugins: [evil.py]\n"))
+
+
+def test_unknown_model_kind_suggests(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:3: model\.kind: unknown model 'decoder_ln'; did you mean 'decoder_lm'\?"):
+        resolve(write(tmp_path, "r.yaml", TINY.replace("kind: decoder_lm", "kind: decoder_ln")))
+
+
+def test_format_version_must_be_1(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:1: seqzoo: 2 is not one of 1"):
+        resolve(write(tmp_path, "r.yaml", TINY.replace("seqzoo: 1", "seqzoo: 2")))
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:7: model\.layers: duplicate key \(first written on line 6\)"):
+        resolve(write(tmp_path, "r.yaml", TINY.replace("  layers: 2\n", "  layers: 2\n  layers: 3\n")))
+
+
+def test_invalid_yaml_reports_the_line(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"/r\.yaml:\d+: invalid YAML"):
+        resolve(write(tmp_path, "r.yaml", TINY + "  oops: [unclosed\n"))
+
+
+def test_non_mapping_recipe_is_an_error(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:1: a recipe must be a mapping of keys, got list"):
+        resolve(write(tmp_path, "r.yaml", "- a\n- b\n"))
+
+
+def test_extends_missing_target(tmp_path):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:1: extends: no recipe 'nope\.yaml'"):
+        resolve(write(tmp_path, "r.yaml", "extends: nope.yaml\n"))
+
+
+def test_extends_cycle_is_detected(tmp_path):
+    write(tmp_path, "a.yaml", "extends: b.yaml\n")
+    write(tmp_path, "b.yaml", "extends: a.yaml\n")
+    with pytest.raises(seqzoo.RecipeError, match=r"extends: cycle .*a\.yaml -> b\.yaml -> a\.yaml"):
+        resolve(tmp_path / "a.yaml")
+
+
+def test_missing_recipe_file_lists_shipped():
+    with pytest.raises(seqzoo.RecipeError, match=r"no-such\.yaml:1: no such recipe file or shipped recipe \(shipped: .*tiny-gpt"):
+        resolve("no-such.yaml")
+
+
+def test_override_without_equals_is_an_error():
+    with pytest.raises(seqzoo.RecipeError, match=r"an override is key\.path=value"):
+        resolve("tiny-gpt", ["model.layers"])
+
+
+def test_vocab_smaller_than_tokenizer_is_an_error():
+    with pytest.raises(seqzoo.RecipeError, match=r"model\.vocab_size: 100 is smaller than the bytes tokenizer's 259 ids"):
+        resolve("tiny-gpt", ["model.vocab_size=100"])
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_bytes(b"seqzoo: 1\nmodel:\n  kind: \xff\n")
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:3: recipe is not valid UTF-8"):
+        resolve(path)
+
+
+def test_rope_rotary_dim_conflict_is_a_recipe_error():
+    with pytest.raises(seqzoo.RecipeError, match=r"model: rope rotary_dim=7 must be even"):
+        seqzoo.build("tiny-gpt", ["model.position={kind: rope, rotary_dim: 7}"], device="meta")
