@@ -24,6 +24,8 @@ class AttentionConfig:
     head_dim: D (null = dim // heads). score: the score component (default ``scaled_dot``).
     bias: biases on the q/k/v/output projections. window: sliding window W — a query sees itself
     and the W - 1 keys before it (null = unlimited). dropout: on attention weights while training.
+    qk_norm: a norm applied to each head's q and k over D before the position hook (Qwen3,
+    Gemma-3; weight shared across heads), or null.
     """
 
     heads: PositiveInt
@@ -33,6 +35,7 @@ class AttentionConfig:
     bias: bool = True
     window: PositiveInt | None = None
     dropout: Probability = 0.0
+    qk_norm: Spec["norm"] | None = None
 
 
 def check_attention(attention: dict, dim: int, path: tuple) -> None:
@@ -129,6 +132,11 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(dim, (h + 2 * k) * d, bias=attention.bias)
         self.out_proj = nn.Linear(h * d, dim, bias=attention.bias)
         self.score = registry().create("score", attention.score, query_dim=d, key_dim=d, heads=h)
+        if attention.qk_norm is not None:
+            self.q_norm = registry().create("norm", attention.qk_norm, d)
+            self.k_norm = registry().create("norm", attention.qk_norm, d)
+        else:
+            self.q_norm = self.k_norm = None
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, t, _ = x.shape
@@ -139,6 +147,8 @@ class MultiHeadAttention(nn.Module):
         h, k, d = self.heads, self.kv_heads, self.head_dim
         q, key, value = self.qkv_proj(x).split([h * d, k * d, k * d], dim=-1)
         q, key, value = self._heads(q, h), self._heads(key, k), self._heads(value, k)  # (B, H|K, T, D)
+        if self.q_norm is not None:
+            q, key = self.q_norm(q), self.k_norm(key)
         q, key = inputs.position.rotate(q, key, inputs.q_pos, inputs.q_pos)
         if inputs.cache is not None:
             key, value = inputs.cache.write(layer, key, value)  # (B, K, S, D)
@@ -155,11 +165,15 @@ class MultiHeadAttention(nn.Module):
         """
         h, k, d = self.heads, self.kv_heads, self.head_dim
         q = self._heads(self.q_proj(x), h)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         if cache is not None and layer in cache.memory:
             key, value = cache.memory[layer]
         else:
             key, value = self.kv_proj(memory).split([k * d, k * d], dim=-1)
             key, value = self._heads(key, k), self._heads(value, k)
+            if self.k_norm is not None:
+                key = self.k_norm(key)
             if cache is not None:
                 cache.memory[layer] = (key, value)
         out = self.score.attend(q, key, value, mask=memory_mask, causal=False,

@@ -1,4 +1,4 @@
-"""Residual Transformer blocks: self-attention, optional cross-attention, feed-forward.
+"""Residual Transformer blocks and the stack that runs them.
 
 ``placement: pre`` (GPT-2, LLaMA, T5): x <- x + F(norm(x)), with a final norm after the stack.
 ``placement: post`` (Vaswani 2017, BERT): x <- norm(x + F(x)).
@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
-from .attention import AttentionConfig, AttentionInputs, MultiHeadAttention
+from .attention import AttentionConfig, AttentionInputs, MultiHeadAttention, self_attention_inputs
+from .cache import KVCache
+from .errors import InputError
 from .registry import registry
 
 Placement = Literal["pre", "post"]
@@ -21,7 +24,7 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, dim: int, attention: AttentionConfig, ffn: dict, norm: dict,
                  placement: Placement = "pre", dropout: float = 0.0, *, cross: bool = False,
-                 memory_dim: int | None = None, cross_attention: AttentionConfig | None = None) -> None:
+                 memory_dim: int | None = None) -> None:
         super().__init__()
         reg = registry()
         self.placement = placement
@@ -29,8 +32,7 @@ class TransformerBlock(nn.Module):
         self.attn = MultiHeadAttention(dim, attention)
         if cross:
             self.cross_norm = reg.create("norm", norm, dim)
-            self.cross_attn = MultiHeadAttention(dim, cross_attention or attention, cross=True,
-                                                 memory_dim=memory_dim)
+            self.cross_attn = MultiHeadAttention(dim, attention, cross=True, memory_dim=memory_dim)
         self.ffn_norm = reg.create("norm", norm, dim)
         self.ffn = reg.create("ffn", ffn, dim)
         self.dropout = nn.Dropout(dropout)
@@ -48,3 +50,76 @@ class TransformerBlock(nn.Module):
             x = self._residual(x, self.cross_norm, lambda h: self.cross_attn.attend_memory(
                 h, memory, memory_mask, inputs.cache, layer))
         return self._residual(x, self.ffn_norm, self.ffn)
+
+
+class TransformerStack(nn.Module):
+    """A stack of blocks with its own position scheme (shared by its layers): embedding-side
+    position hook, optional embedding norm, dropout, the blocks and — for pre-norm — a final norm.
+
+    ``causal`` stacks (decoders) mask future keys and run their position scheme in causal mode;
+    ``cross`` stacks attend to an encoder memory in every block.
+    """
+
+    def __init__(self, dim: int, layers: int, max_seq_len: int, attention: AttentionConfig,
+                 ffn: dict, norm: dict, position: dict, placement: Placement = "pre",
+                 dropout: float = 0.0, *, causal: bool, cross: bool = False,
+                 embed_norm: dict | None = None) -> None:
+        super().__init__()
+        reg = registry()
+        self.causal = causal
+        self.window = attention.window
+        self.heads = attention.heads
+        self.kv_heads = attention.kv_heads or attention.heads
+        self.head_dim = attention.head_dim or dim // attention.heads
+        self.position = reg.create("position", position, dim, self.head_dim, self.heads, max_seq_len)
+        self.position.causal = causal
+        self.embed_norm = reg.create("norm", embed_norm, dim) if embed_norm else nn.Identity()
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(dim, attention, ffn, norm, placement, dropout, cross=cross)
+            for _ in range(layers)
+        )
+        # Post-norm blocks end in a norm already; pre-norm stacks need one at the top.
+        self.final_norm = reg.create("norm", norm, dim) if placement == "pre" else nn.Identity()
+
+    def new_cache(self, batch: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> KVCache:
+        return KVCache(len(self.blocks), batch, self.kv_heads, self.head_dim, max_len,
+                       device=device, dtype=dtype)
+
+    def positions(self, t: int, *, attention_mask: Tensor | None, cache: KVCache | None,
+                  device: torch.device) -> Tensor:
+        """Absolute positions (B|1, T) of T new tokens: after the cached ones, or counting only
+        real tokens when a (left-)padding mask (B, S) is given."""
+        if attention_mask is not None:
+            return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
+        past = cache.length if cache is not None else 0
+        return torch.arange(past, past + t, device=device)[None]
+
+    def forward(self, x: Tensor, *, attention_mask: Tensor | None = None,
+                positions: Tensor | None = None, cache: KVCache | None = None,
+                memory: Tensor | None = None, memory_mask: Tensor | None = None) -> Tensor:
+        """Token embeddings x (B, T, C) -> hidden states (B, T, C).
+
+        attention_mask (B, S): 1 for real tokens over all S = cached + T keys. positions (B|1, T)
+        default to ``self.positions``. memory (B, S_m, C) and memory_mask (B, S_m) feed the
+        cross-attention of ``cross`` stacks.
+        """
+        t = x.shape[1]
+        past = cache.length if cache is not None else 0
+        if cache is not None:
+            cache.check_room(t)
+        limit = self.position.max_positions
+        if limit is not None and past + t > limit:
+            raise InputError(f"sequence of {past + t} tokens exceeds the {limit} positions of the "
+                             f"learned position table (model.max_seq_len={limit})")
+        if positions is None:
+            positions = self.positions(t, attention_mask=attention_mask, cache=cache, device=x.device)
+        x = self.drop(self.embed_norm(self.position.embed(x, positions)))
+        inputs = self_attention_inputs(self.position, positions, causal=self.causal, cache=cache,
+                                       key_padding=attention_mask, window=self.window)
+        cross_mask = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None
+        for layer, block in enumerate(self.blocks):
+            x = block(x, inputs, layer, memory, cross_mask)
+        if cache is not None:
+            cache.advance(positions)
+        return self.final_norm(x)

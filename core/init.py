@@ -7,7 +7,7 @@ from torch import nn
 
 
 def init_weights(model: nn.Module, std: float, layers: int, residual_names: tuple[str, ...] = ()) -> None:
-    """Linear and Embedding weights ~ N(0, std), biases 0. Projections whose name ends with one of
+    """Linear and Embedding weights ~ N(0, std), biases 0. Projections whose last name part is one of
     ``residual_names`` (the ones writing into the residual stream) get std / √(2·layers) (GPT-2), so
     the residual stream's variance does not grow with depth. A module with ``own_init = True`` (a
     component with an initialisation of its own) is left as its constructor made it."""
@@ -19,7 +19,8 @@ def init_weights(model: nn.Module, std: float, layers: int, residual_names: tupl
             skip.add(name + ".")
             continue
         if isinstance(module, nn.Linear):
-            scale = 1 / math.sqrt(2 * layers) if name.endswith(residual_names) else 1.0
+            residual = name.rsplit(".", 1)[-1] in residual_names
+            scale = 1 / math.sqrt(2 * layers) if residual else 1.0
             nn.init.normal_(module.weight, 0.0, std * scale)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)

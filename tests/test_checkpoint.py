@@ -114,16 +114,16 @@ def test_load_reports_missing_unexpected_and_misshaped_tensors_by_name(tmp_path,
     with safe_open(str(path), "pt") as handle:
         meta = handle.metadata()
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}
-    del tensors["final_norm.bias"]
+    del tensors["decoder.final_norm.bias"]
     tensors["stray.weight"] = torch.zeros(1)
-    tensors["final_norm.weight"] = torch.zeros(3)
+    tensors["decoder.final_norm.weight"] = torch.zeros(3)
     save_file(tensors, str(path), metadata=meta)
     with pytest.raises(seqzoo.CheckpointError) as info:
         seqzoo.load(path)
     message = str(info.value)
-    assert "missing tensors: final_norm.bias" in message
+    assert "missing tensors: decoder.final_norm.bias" in message
     assert "unexpected tensors: stray.weight" in message
-    assert "final_norm.weight (3,) != (64,)" in message
+    assert "decoder.final_norm.weight (3,) != (64,)" in message
 
 
 def test_save_meta_model_is_refused(tmp_path):

@@ -1,24 +1,32 @@
-"""The two-layer position-wise MLP shared by the ungated FFN variants: W₂ · act(W₁ x + b₁) + b₂."""
-from __future__ import annotations
+"""The two-layer position-wise MLP shared by the ungated FFN variants: W₂ · act(W₁ x + b₁) + b₂.
 
-from collections.abc import Callable
+The activation is a registered ``activation`` component, named in the recipe or fixed by the
+variant (``gelu``, ``relu``), so any activation plugin works in any MLP.
+"""
+from __future__ import annotations
 
 from torch import Tensor, nn
 
+import seqzoo
 from seqzoo.interfaces import FeedForward
+from seqzoo.schema import Spec
 
 
 class MLP(FeedForward):
-    """hidden: F, the inner width (null = 4·C). bias: biases on both layers. dropout: after the
-    activation while training."""
+    """activation: an ``activation`` component, by name or ``{kind: NAME, **params}``. hidden: F,
+    the inner width (null = 4·C). bias: biases on both layers. dropout: after the activation while
+    training.
 
-    def __init__(self, dim: int, activation: Callable[[Tensor], Tensor], hidden: int | None = None,
+    Submodules ``up`` (C -> F) and ``down`` (F -> C); ``down`` writes into the residual stream.
+    """
+
+    def __init__(self, dim: int, activation: Spec["activation"], hidden: int | None = None,
                  bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__(dim)
         self.hidden = hidden or 4 * dim
         self.up = nn.Linear(dim, self.hidden, bias=bias)
         self.down = nn.Linear(self.hidden, dim, bias=bias)
-        self.activation = activation
+        self.activation = seqzoo.registry().create("activation", activation)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

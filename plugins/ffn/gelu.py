@@ -4,10 +4,7 @@
 """
 from __future__ import annotations
 
-import functools
 from typing import Literal
-
-import torch.nn.functional as F
 
 import seqzoo
 from seqzoo.schema import PositiveInt, Probability
@@ -20,7 +17,7 @@ class GeluFFN(MLP):
 
     def __init__(self, dim: int, hidden: PositiveInt | None = None, bias: bool = True,
                  approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
-        super().__init__(dim, functools.partial(F.gelu, approximate=approximate), hidden, bias, dropout)
+        super().__init__(dim, {"kind": "gelu", "approximate": approximate}, hidden, bias, dropout)
 
 
 @seqzoo.hookimpl

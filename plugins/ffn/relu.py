@@ -1,8 +1,6 @@
 """ReLU feed-forward (Vaswani et al., 2017): W₂ · max(0, W₁ x + b₁) + b₂, F = 4·C by default."""
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 import seqzoo
 from seqzoo.schema import PositiveInt, Probability
 
@@ -14,7 +12,7 @@ class ReluFFN(MLP):
 
     def __init__(self, dim: int, hidden: PositiveInt | None = None, bias: bool = True,
                  dropout: Probability = 0.0) -> None:
-        super().__init__(dim, F.relu, hidden, bias, dropout)
+        super().__init__(dim, "relu", hidden, bias, dropout)
 
 
 @seqzoo.hookimpl

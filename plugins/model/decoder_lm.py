@@ -1,16 +1,15 @@
-"""Decoder-only language model (GPT-2, LLaMA, Mistral, BLOOM): token embedding, position scheme,
-a stack of causal self-attention blocks, a final norm (pre-norm) and an LM head, optionally tied
-to the embedding."""
+"""Decoder-only language model (GPT-2, LLaMA, Mistral, BLOOM): token embedding, a causal
+``TransformerStack`` with its position scheme, and an LM head, optionally tied to the embedding."""
 from __future__ import annotations
 
-import torch
+import math
+
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.attention import AttentionConfig, check_attention, self_attention_inputs
-from seqzoo.blocks import Placement, TransformerBlock
+from seqzoo.attention import AttentionConfig, check_attention
+from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
-from seqzoo.errors import InputError
 from seqzoo.generation import CausalSession
 from seqzoo.init import init_weights
 from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Spec
@@ -19,30 +18,24 @@ from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Spec
 class DecoderLM(nn.Module):
     """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention (see AttentionConfig),
     ffn (default gelu), position (default learned), norm (default layernorm), placement (pre|post),
-    tie_embeddings (share the LM head with the token embedding; true), dropout (embedding and
-    residual dropout; 0), init_std (N(0, init_std) weights; 0.02)."""
+    tie_embeddings (share the LM head with the token embedding; true), embed_norm (a norm right
+    after the embeddings, BLOOM; null), scale_embeddings (multiply token embeddings by √C,
+    Vaswani/Gemma; false), dropout (embedding and residual dropout; 0), init_std (N(0, init_std)
+    weights; 0.02)."""
 
     def __init__(self, vocab_size: PositiveInt, dim: PositiveInt, layers: PositiveInt,
                  max_seq_len: PositiveInt, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "pre", tie_embeddings: bool = True,
+                 embed_norm: Spec["norm"] | None = None, scale_embeddings: bool = False,
                  dropout: Probability = 0.0, init_std: PositiveFloat = 0.02) -> None:
         super().__init__()
-        reg = seqzoo.registry()
         self.vocab_size, self.dim, self.max_seq_len = vocab_size, dim, max_seq_len
-        self.heads = attention.heads
-        self.kv_heads = attention.kv_heads or attention.heads
-        self.head_dim = attention.head_dim or dim // attention.heads
-        self.window = attention.window
         self.tie_embeddings = tie_embeddings
+        self.embed_scale = math.sqrt(dim) if scale_embeddings else 1.0
         self.embed = nn.Embedding(vocab_size, dim)
-        self.position = reg.create("position", position, dim, self.head_dim, self.heads, max_seq_len)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(dim, attention, ffn, norm, placement, dropout) for _ in range(layers)
-        )
-        # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
-        self.final_norm = reg.create("norm", norm, dim) if placement == "pre" else nn.Identity()
+        self.decoder = TransformerStack(dim, layers, max_seq_len, attention, ffn, norm, position,
+                                        placement, dropout, causal=True, embed_norm=embed_norm)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, layers, residual_names=("out_proj", "down"))
         self.tie_weights()
@@ -58,8 +51,7 @@ class DecoderLM(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_len`` tokens."""
         weight = self.embed.weight
-        return KVCache(len(self.blocks), batch, self.kv_heads, self.head_dim, max_len,
-                       device=weight.device, dtype=weight.dtype)
+        return self.decoder.new_cache(batch, max_len, device=weight.device, dtype=weight.dtype)
 
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
@@ -70,27 +62,10 @@ class DecoderLM(nn.Module):
         fine: positions then count real tokens only). positions (B|1, T): explicit absolute
         positions. cache: a ``new_cache`` to read and extend.
         """
-        b, t = input_ids.shape
-        past = cache.length if cache is not None else 0
-        if cache is not None:
-            cache.check_room(t)
-        if positions is None:
-            if attention_mask is not None:
-                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
-            else:
-                positions = torch.arange(past, past + t, device=input_ids.device)[None]
-        limit = self.position.max_positions
-        if limit is not None and past + t > limit:
-            raise InputError(f"sequence of {past + t} tokens exceeds the {limit} positions of "
-                             f"the learned position table (model.max_seq_len={limit})")
-        x = self.drop(self.position.embed(self.embed(input_ids), positions))  # (B, T, C)
-        inputs = self_attention_inputs(self.position, positions, causal=True, cache=cache,
-                                       key_padding=attention_mask, window=self.window)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, inputs, layer)
-        if cache is not None:
-            cache.advance(positions)
-        x = self.final_norm(x)
+        x = self.embed(input_ids)  # (B, T, C)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        x = self.decoder(x, attention_mask=attention_mask, positions=positions, cache=cache)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return self.lm_head(x)  # (B, T, V)

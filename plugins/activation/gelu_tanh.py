@@ -1,0 +1,23 @@
+"""GELU, tanh approximation (Hendrycks & Gimpel, 2016): 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))).
+
+A name for ``{kind: gelu, approximate: tanh}``, as HF names it ``gelu_new`` / ``gelu_pytorch_tanh``
+(GPT-2, GPT-J, BLOOM, Gemma, T5 v1.1 gated-gelu).
+"""
+from __future__ import annotations
+
+import seqzoo
+
+from .gelu import Gelu
+
+
+class GeluTanh(Gelu):
+    """No recipe params: always the tanh approximation."""
+
+    def __init__(self) -> None:
+        super().__init__(approximate="tanh")
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("activation", "gelu_tanh", GeluTanh,
+                             summary="GELU, tanh approximation (GPT-2 gelu_new, Gemma)")]

@@ -1,0 +1,24 @@
+"""QuickGELU (Radford et al., 2021, CLIP): quick_gelu(x) = x·σ(1.702x), a sigmoid fit of x·Φ(x).
+
+Not the same function as GELU (errors up to ~0.02): CLIP checkpoints need this one.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+import seqzoo
+
+
+class QuickGelu(nn.Module):
+    """No recipe params."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (...) -> (...)."""
+        return x * torch.sigmoid(1.702 * x)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("activation", "quick_gelu", QuickGelu,
+                             summary="x·σ(1.702x), CLIP's fast GELU stand-in")]

@@ -1,0 +1,24 @@
+"""SiLU / Swish-1 (Elfwing et al., 2017; Ramachandran et al., 2017): silu(x) = x·σ(x).
+
+The gate of SwiGLU (Shazeer, 2020; LLaMA, Mistral).
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import seqzoo
+
+
+class Silu(nn.Module):
+    """No recipe params."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (...) -> (...)."""
+        return F.silu(x)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("activation", "silu", Silu, aliases=("swish",),
+                             summary="x·σ(x), Swish-1 (SwiGLU in LLaMA, Mistral)")]

@@ -1,0 +1,20 @@
+"""Hyperbolic tangent: tanh(x) = (eˣ − e^(−x)) / (eˣ + e^(−x)), elementwise, range (−1, 1)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+import seqzoo
+
+
+class Tanh(nn.Module):
+    """No recipe params."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (...) -> (...)."""
+        return torch.tanh(x)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("activation", "tanh", Tanh, summary="tanh(x), range (-1, 1)")]

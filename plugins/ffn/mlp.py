@@ -1,0 +1,28 @@
+"""Generic two-layer feed-forward (Vaswani et al., 2017) with any registered activation:
+FFN(x) = W₂ · act(W₁ x + b₁) + b₂.
+
+``{kind: mlp, activation: quick_gelu}`` is CLIP's MLP; ``activation: relu`` is the ``relu`` FFN.
+"""
+from __future__ import annotations
+
+import seqzoo
+from seqzoo.schema import PositiveInt, Probability, Spec
+
+from ._mlp import MLP
+
+
+class MlpFFN(MLP):
+    """hidden: F (null = 4·C). activation: an ``activation`` component by name or
+    ``{kind: NAME, **params}`` (gelu). bias: on both layers (true). dropout: after the activation
+    while training (0)."""
+
+    def __init__(self, dim: int, hidden: PositiveInt | None = None,
+                 activation: Spec["activation"] = "gelu", bias: bool = True,
+                 dropout: Probability = 0.0) -> None:
+        super().__init__(dim, activation, hidden, bias, dropout)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("ffn", "mlp", MlpFFN,
+                             summary="two-layer MLP with any activation component (CLIP, ViT)")]
