@@ -2,8 +2,9 @@
 
 A model supports generation by returning a session from ``model.start_generation(input_ids,
 max_new_tokens, use_cache)``; ``session.next(tokens)`` feeds the tokens just chosen (None for the
-prompt) and returns the logits (B, V) of the next position. ``CausalSession`` serves decoder-only
-models.
+prompt) and returns the logits (B, V) of the next position; ``session.prefix`` (B, T0) is what the
+output starts with (the prompt for decoder-only models, the decoder start token for seq2seq ones).
+``CausalSession`` serves decoder-only models.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class CausalSession:
     def __init__(self, model: nn.Module, input_ids: Tensor, max_new_tokens: int, use_cache: bool,
                  attention_mask: Tensor | None = None) -> None:
         self.model = model
-        self.ids = input_ids
+        self.prefix = self.ids = input_ids
         self.mask = attention_mask
         self.cache = model.new_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens) \
             if use_cache else None
@@ -68,6 +69,9 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_ca
              attention_mask: Tensor | None = None) -> Tensor:
     """Continue ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + new).
 
+    For encoder–decoder models ``input_ids`` is the source and the output is the decoded target
+    (B, 1 + new), starting with the decoder start token.
+
     temperature 0 is greedy; otherwise sample from softmax(logits / temperature), keeping the
     ``top_k`` most likely tokens and/or the smallest set holding ``top_p`` of the mass. After a
     row emits ``eos_id`` it keeps emitting it; generation stops early once every row has.
@@ -93,7 +97,7 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_ca
     if seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
     session = model.start_generation(input_ids, max_new_tokens, use_cache, attention_mask=attention_mask)
-    out = [input_ids]
+    out = [session.prefix]
     done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     token = None
     try:

@@ -14,9 +14,18 @@ def count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def test_gpt2_parameter_count_on_meta():
-    model = seqzoo.build("gpt2", device="meta")
-    assert count(model) == 124_439_808
+@pytest.mark.parametrize("name, expected", [
+    ("gpt2", 124_439_808),
+    ("bert-base", 109_482_240),     # BertModel with pooler
+    ("t5-small", 60_506_624),
+    ("llama2-7b", 6_738_415_616),
+    ("mistral-7b", 7_241_732_096),  # GQA 32/8, window 4096
+    ("bloom-560m", 559_214_592),
+    ("transformer-base", 63_082_496),  # shared 37k vocabulary, tied output (paper: "65M")
+])
+def test_real_model_parameter_counts_on_meta(name, expected):
+    model = seqzoo.build(name, device="meta")
+    assert count(model) == expected
     assert next(model.parameters()).device.type == "meta"
 
 
