@@ -104,11 +104,11 @@ def masked_softmax_attend(
 
     logits (B, H, T, S), v (B, H, S, Dv) -> (B, H, T, Dv).
     """
+    probs = upcast(logits)
     if bias is not None:
-        logits = logits + bias
+        probs = probs + bias  # in float32: a bf16 sum would round large ALiBi biases
     if mask is None and causal:
         mask = causal_mask(logits.shape[-2], logits.shape[-1], logits.device)
-    probs = upcast(logits)
     if mask is not None:
         probs = probs.masked_fill(~mask, float("-inf"))
     probs = probs.softmax(dim=-1)
@@ -131,7 +131,7 @@ class PositionScheme(nn.Module):
 
     Constructor: ``(dim, head_dim, heads, max_seq_len, **params)``. Three hooks, each an identity by
     default; a scheme overrides the ones it needs. Positions are explicit integer tensors of shape
-    (T,) or (B, T), so a KV cache only has to offset them.
+    (B|1, T), so a KV cache only has to offset them (per-row positions serve left padding).
     """
 
     #: The largest number of positions the scheme can represent (learned tables), or None.
@@ -170,7 +170,8 @@ class RopeScaling(nn.Module):
 
     def frequencies(self, inv_freq: Tensor, *, rotary_dim: int, base: float, max_seq_len: int,
                     positions: Tensor) -> tuple[Tensor, float]:
-        """inv_freq (d_r/2,) float32, the unscaled ω_k = base^(−2k/d_r) -> (scaled ω', factor).
+        """inv_freq (d_r/2,) float64, the unscaled ω_k = base^(−2k/d_r) -> (scaled ω' in the same
+        dtype, factor).
 
         ``max_seq_len`` is the model's; ``positions`` (B|1, T) the positions being rotated (the
         dynamic rule reads the current length from them).

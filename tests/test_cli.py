@@ -92,3 +92,11 @@ def test_generate_rejects_ids_outside_the_vocabulary(tmp_path, capsys):
     assert main(["build", "tiny-gpt", "-o", str(tmp_path / "m.safetensors")]) == 0
     assert main(["generate", str(tmp_path / "m.safetensors"), "--ids", "1,999"]) == 2
     assert "outside the vocabulary [0, 259)" in capsys.readouterr().err
+
+
+def test_show_llama2_7b_by_path_counts_without_allocating(capsys):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "llama2-7b.yaml"
+    assert main(["show", str(recipe)]) == 0
+    assert "parameters: 6,738,415,616" in capsys.readouterr().out

@@ -3,7 +3,7 @@
 Pair k of each q/k head rotates by θ = p·ω_k, ω_k = base^(−2k/d_r):
 x'_a = x_a cos θ − x_b sin θ, x'_b = x_a sin θ + x_b cos θ. Pairs are (k, k + d_r/2) in the default
 rotate-half layout (GPT-NeoX, HF LLaMA) or (2k, 2k+1) with ``interleaved: true`` (Meta LLaMA, GPT-J).
-Angles and cos/sin are computed in float32 whatever the model dtype (bf16 cannot hold positions
+Angles are formed in float64 and cos/sin kept in float32 whatever the model dtype (bf16 cannot hold positions
 above 256 exactly). Only the first ``rotary_dim`` dims of each head rotate (partial rotary).
 """
 from __future__ import annotations
@@ -17,9 +17,11 @@ from seqzoo.interfaces import PositionScheme, upcast
 from seqzoo.schema import PositiveFloat, PositiveInt, Spec
 
 
-def rope_inv_freq(rotary_dim: int, base: float, device: torch.device | None = None) -> Tensor:
-    """ω_k = base^(−2k/d_r) for k = 0..d_r/2−1, float32 (HF ``inv_freq``)."""
-    exponents = torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim
+def rope_inv_freq(rotary_dim: int, base: float | Tensor, device: torch.device | None = None,
+                  dtype: torch.dtype = torch.float64) -> Tensor:
+    """ω_k = base^(−2k/d_r) for k = 0..d_r/2−1 (HF ``inv_freq``), in float64 by default: at
+    position 10⁶ the float32 rounding of ω alone moves the angle by ~0.06 rad."""
+    exponents = torch.arange(0, rotary_dim, 2, device=device, dtype=dtype) / rotary_dim
     return 1.0 / (base ** exponents)
 
 
@@ -63,11 +65,13 @@ class Rope(PositionScheme):
             inv_freq, factor = self.scaling.frequencies(
                 inv_freq, rotary_dim=self.rotary_dim, base=self.base,
                 max_seq_len=self.max_seq_len, positions=positions)
-        # An elementwise product, not a matmul: TF32 matmuls would truncate large positions.
-        theta = positions.to(torch.float32)[:, None, :, None] * inv_freq
+        # An elementwise product in float64, not a matmul: TF32 matmuls truncate large positions,
+        # and a float32 p·ω is off by ~0.03 rad at p = 1e6. The (B|1, 1, T, d_r/2) table is tiny.
+        theta = positions.to(torch.float64)[:, None, :, None] * inv_freq.to(torch.float64)
+        cos, sin = theta.cos().to(torch.float32), theta.sin().to(torch.float32)
         if factor == 1.0:
-            return theta.cos(), theta.sin()
-        return theta.cos() * factor, theta.sin() * factor
+            return cos, sin
+        return cos * factor, sin * factor
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """q (B, H, T, D) at q_pos (B|1, T) and k (B, K, T', D) at k_pos, both rotated."""

@@ -6,12 +6,13 @@ the kernel (``enable_gqa``) instead of copying them.
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 import seqzoo
+from seqzoo.errors import ConfigError
 from seqzoo.interfaces import ScoreFunction, causal_mask, default_scale
+from seqzoo.schema import PositiveFloat
 
 
 class ScaledDot(ScoreFunction):
@@ -20,10 +21,11 @@ class ScaledDot(ScoreFunction):
     scale: the logit scale; null (default) means 1/√D. T5-style models use 1.0 (or the ``dot`` score).
     """
 
-    def __init__(self, query_dim: int, key_dim: int, heads: int, scale: float | None = None) -> None:
+    def __init__(self, query_dim: int, key_dim: int, heads: int, scale: PositiveFloat | None = None) -> None:
         super().__init__(query_dim, key_dim, heads)
         if query_dim != key_dim:
-            raise ValueError(f"scaled_dot needs query_dim == key_dim, got {query_dim} and {key_dim}")
+            raise ConfigError(f"score scaled_dot: query_dim={query_dim} must equal key_dim={key_dim}; "
+                              f"use score 'bilinear' for different query and key sizes")
         self.scale = default_scale(query_dim, scale)
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
@@ -42,7 +44,7 @@ class ScaledDot(ScoreFunction):
             if mask is not None:
                 attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=causal and attn_mask is None,
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout if self.training else 0.0, is_causal=causal and attn_mask is None,
             scale=self.scale, enable_gqa=k.shape[1] != q.shape[1],
         )
         if mask is not None:

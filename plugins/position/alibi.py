@@ -1,0 +1,56 @@
+"""ALiBi, attention with linear biases (Press, Smith & Lewis, 2022).
+
+No position embeddings: head h adds bias[h, i, j] = −m_h·|p_i − p_j| to the (already scaled) logits.
+Slopes m_h = 2^(−8h/n) for n a power of two; other head counts take the c = 2^⌊log2 n⌋ power-of-two
+slopes followed by the odd-indexed slopes of 2c heads (the paper repo's ``get_slopes``, BLOOM, MPT).
+For causal attention |p_i − p_j| = p_i − p_j on every visible key, and the symmetric form is the
+usual choice for bidirectional encoders (MosaicBERT), so one formula serves both.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+import seqzoo
+from seqzoo.interfaces import PositionScheme
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """The per-head slopes m_1..m_n for n = ``heads``, in head order (not monotone unless n = 2^k)."""
+    closest = 2 ** math.floor(math.log2(heads))
+    slopes = [2.0 ** (-8.0 * h / closest) for h in range(1, closest + 1)]
+    # The odd-indexed slopes of 2·closest heads fill the remaining heads.
+    slopes += [2.0 ** (-4.0 * (2 * h - 1) / closest) for h in range(1, heads - closest + 1)]
+    return slopes
+
+
+def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """p_i − p_j for q_pos (B|1, T) or (T,) and k_pos (B|1, S) or (S,) -> (B|1, T, S), int64."""
+    q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
+    return q_pos[:, :, None] - k_pos[:, None, :]
+
+
+class Alibi(PositionScheme):
+    """Linear distance penalties per head; no recipe parameters and no learned weights.
+
+    The slopes are recomputed in float32 on every call (never a buffer), so casting the model to
+    bf16/fp16 cannot round them, and the bias itself is built in float32 before the cast.
+    """
+
+    def __init__(self, dim: int, head_dim: int, heads: int, max_seq_len: int) -> None:
+        super().__init__(dim, head_dim, heads, max_seq_len)
+        self.slopes = alibi_slopes(heads)
+
+    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """−m_h·|q_pos_i − k_pos_j|: q (B, H, T, D), q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S)."""
+        slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q.device)  # (H,)
+        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
+        return (-slopes[:, None, None] * distance[:, None]).to(q.dtype)  # (B|1, H, T, S)
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("position", "alibi", Alibi,
+                             summary="per-head linear distance bias −m_h·|i−j|, no embeddings (Press 2022)")]
