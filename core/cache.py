@@ -46,3 +46,11 @@ class KVCache:
         t = positions.shape[-1]
         self.positions[:, self.length:self.length + t] = positions
         self.length += t
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep batch rows ``rows`` (B',) in that order — beam search follows its surviving beams."""
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+        self.positions = self.positions.index_select(0, rows)
+        self.memory = {layer: (k.index_select(0, rows), v.index_select(0, rows))
+                       for layer, (k, v) in self.memory.items()}

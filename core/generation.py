@@ -40,6 +40,14 @@ class CausalSession:
         logits = self.model(feed, attention_mask=self.mask, cache=self.cache, logits_to_keep=1)
         return logits[:, -1].float()
 
+    def reorder(self, rows: Tensor) -> None:
+        """Keep batch rows ``rows`` in that order (beam search)."""
+        self.ids = self.ids.index_select(0, rows)
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, rows)
+        if self.cache is not None:
+            self.cache.reorder(rows)
+
 
 def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: float | None,
            generator: torch.Generator | None) -> Tensor:
@@ -66,7 +74,8 @@ def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: floa
 def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              eos_id: int | None = None, seed: int | None = None,
-             attention_mask: Tensor | None = None) -> Tensor:
+             attention_mask: Tensor | None = None, beam_size: int | None = None,
+             length_penalty: float = 1.0) -> Tensor:
     """Continue ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + new).
 
     For encoder–decoder models ``input_ids`` is the source and the output is the decoded target
@@ -76,6 +85,8 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_ca
     ``top_k`` most likely tokens and/or the smallest set holding ``top_p`` of the mass. After a
     row emits ``eos_id`` it keeps emitting it; generation stops early once every row has.
     ``seed`` makes sampling reproducible. ``use_cache=False`` recomputes the prefix every step.
+    ``beam_size`` switches to beam search (``length_penalty`` α ranks finished hypotheses by
+    log p / length^α; beam 1 is greedy).
     """
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
@@ -89,10 +100,19 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_ca
         raise InputError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise InputError(f"top_p must be in (0, 1], got {top_p}")
+    if beam_size is not None and beam_size < 1:
+        raise InputError(f"beam_size must be >= 1, got {beam_size}")
     if max_new_tokens == 0:
         return input_ids
     was_training = model.training
     model.eval()
+    if beam_size is not None:
+        try:
+            return beam_search(model, input_ids, max_new_tokens, beam_size=beam_size, eos_id=eos_id,
+                               length_penalty=length_penalty, use_cache=use_cache,
+                               attention_mask=attention_mask)
+        finally:
+            model.train(was_training)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
@@ -113,3 +133,72 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_ca
     finally:
         model.train(was_training)
     return torch.cat(out, dim=1)
+
+
+def beam_search(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, beam_size: int,
+                eos_id: int | None = None, length_penalty: float = 1.0, use_cache: bool = True,
+                attention_mask: Tensor | None = None) -> Tensor:
+    """Beam search over ``beam_size`` hypotheses per row -> (B, T0 + L), the best hypothesis per
+    row after the session's prefix, shorter ones padded with ``eos_id``.
+
+    Every step extends each live beam by every token, keeps the ``beam_size`` best live
+    continuations (by summed log-probability) and retires those that end in ``eos_id`` into a
+    finished list ranked by log p / length^α. A row is done once it holds ``beam_size`` finished
+    hypotheses; at the end, live beams compete with the finished ones.
+    """
+    b, k = input_ids.shape[0], beam_size
+    rows = torch.arange(b, device=input_ids.device).repeat_interleave(k)  # each row k times
+    mask = attention_mask.index_select(0, rows) if attention_mask is not None else None
+    session = model.start_generation(input_ids.index_select(0, rows), max_new_tokens, use_cache,
+                                     attention_mask=mask)
+    prefix = session.prefix
+    scores = torch.full((b, k), float("-inf"), device=input_ids.device)
+    scores[:, 0] = 0.0  # all beams start identical: only one may expand at first
+    history = torch.empty(b * k, 0, dtype=torch.long, device=input_ids.device)
+    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(b)]
+    done = [False] * b
+    token = None
+    for step in range(max_new_tokens):
+        logits = session.next(token)  # (B·k, V)
+        vocab = logits.shape[-1]
+        candidates = (scores[:, :, None] + logits.log_softmax(-1).view(b, k, vocab)).view(b, k * vocab)
+        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2k)
+        origin = top_index // vocab
+        tokens = top_index % vocab
+        next_scores = torch.full((b, k), float("-inf"), device=scores.device)
+        next_origin = torch.zeros(b, k, dtype=torch.long, device=scores.device)
+        next_tokens = torch.zeros(b, k, dtype=torch.long, device=scores.device)
+        for row in range(b):
+            live = 0
+            for score, src, tok in zip(top_scores[row].tolist(), origin[row].tolist(), tokens[row].tolist()):
+                if done[row] or live == k or score == float("-inf"):
+                    break
+                if eos_id is not None and tok == eos_id:
+                    sequence = torch.cat([history[row * k + src], history.new_tensor([tok])])
+                    finished[row].append((score / (step + 1) ** length_penalty, sequence))
+                    if len(finished[row]) >= k:
+                        done[row] = True
+                    continue
+                next_scores[row, live], next_origin[row, live], next_tokens[row, live] = score, src, tok
+                live += 1
+        if all(done):
+            break
+        flat = (torch.arange(b, device=scores.device)[:, None] * k + next_origin).view(-1)
+        session.reorder(flat)
+        history = torch.cat([history.index_select(0, flat), next_tokens.view(-1, 1)], dim=1)
+        scores = next_scores
+        token = next_tokens.view(-1)
+    best = []
+    for row in range(b):
+        pool = list(finished[row])
+        if not done[row]:
+            length = history.shape[1]
+            pool += [(scores[row, j].item() / max(length, 1) ** length_penalty, history[row * k + j])
+                     for j in range(k) if scores[row, j] > float("-inf")]
+        best.append(max(pool, key=lambda item: item[0])[1])
+    width = max(len(seq) for seq in best)
+    fill = eos_id if eos_id is not None else 0
+    out = torch.full((b, width), fill, dtype=torch.long, device=input_ids.device)
+    for row, seq in enumerate(best):
+        out[row, : len(seq)] = seq
+    return torch.cat([prefix.index_select(0, torch.arange(0, b * k, k, device=prefix.device)), out], dim=1)

@@ -111,6 +111,15 @@ class Seq2SeqSession:
         logits = self.model.decode(feed, self.memory, self.src_mask, cache=self.cache, logits_to_keep=1)
         return logits[:, -1].float()
 
+    def reorder(self, rows: Tensor) -> None:
+        """Keep batch rows ``rows`` in that order (beam search)."""
+        self.ids = self.ids.index_select(0, rows)
+        self.memory = self.memory.index_select(0, rows)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask.index_select(0, rows)
+        if self.cache is not None:
+            self.cache.reorder(rows)
+
 
 @seqzoo.hookimpl
 def seqzoo_components():
