@@ -16,7 +16,7 @@ def init_weights(model: nn.Module, std: float, layers: int, residual_names: tupl
         if any(name.startswith(prefix) for prefix in skip):
             continue
         if getattr(module, "own_init", False):
-            skip.add(name + ".")
+            skip.add(name + "." if name else "")  # "" (the root itself) skips everything
             continue
         if isinstance(module, nn.Linear):
             residual = name.rsplit(".", 1)[-1] in residual_names

@@ -199,9 +199,10 @@ class FeedForward(nn.Module):
 class RecurrentCell(nn.Module):
     """A recurrent cell. Constructor ``(input_size, hidden_size, **params)``.
 
-    ``step`` advances one time step; ``forward`` runs a whole sequence and by default loops over
-    ``step`` (built-ins override it with the fused cuDNN-backed kernels on the same parameters).
-    A state is a tensor or a tuple of tensors, each (B, hidden_size).
+    A state is a tensor or a tuple of tensors, each (B, hidden_size); the first (or only) one is
+    the output h (LSTM: ``(h, c)``; RNN, GRU: ``h``). ``step`` advances one time step; ``forward``
+    runs a whole sequence and by default loops over ``step`` (built-ins override it with the fused
+    cuDNN-backed kernels on the same parameters, and must agree with the loop).
     """
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
@@ -214,19 +215,58 @@ class RecurrentCell(nn.Module):
         """The state before the first step: zeros (B, hidden_size)."""
         return torch.zeros(batch, self.hidden_size, device=device, dtype=dtype)
 
+    @staticmethod
+    def output(state) -> Tensor:
+        """The output h (B, hidden_size) of a state: the state itself, or its first tensor."""
+        return state if isinstance(state, Tensor) else state[0]
+
     def step(self, x_t: Tensor, state):
         """One step: x_t (B, input_size) -> (h_t (B, hidden_size), new state)."""
         raise NotImplementedError(f"{type(self).__name__} must implement step(x_t, state)")
 
-    def forward(self, x: Tensor, state=None):
-        """A whole sequence: x (B, T, input_size) -> (h_all (B, T, hidden_size), final state)."""
+    def forward(self, x: Tensor, state=None, lengths: Tensor | None = None):
+        """A whole sequence: x (B, T, input_size) -> (h_all (B, T, hidden_size), final state).
+
+        ``lengths`` (B,) int64: each row's real length (right padding). A row's state stops
+        changing after its last real step, so the final state is the one at that step, and its
+        outputs at padded positions are zeros.
+        """
+        lengths = self.check_input(x, lengths)
         if state is None:
             state = self.initial_state(x.shape[0], x.device, x.dtype)
         outputs = []
         for t in range(x.shape[1]):
-            h_t, state = self.step(x[:, t], state)
+            h_t, new = self.step(x[:, t], state)
+            if lengths is not None:
+                live = (t < lengths)[:, None]  # (B, 1): rows still inside their sequence
+                h_t = torch.where(live, h_t, torch.zeros_like(h_t))
+                new = (torch.where(live, new, state) if isinstance(new, Tensor)
+                       else tuple(torch.where(live, n, o) for n, o in zip(new, state)))
+            state = new
             outputs.append(h_t)
         return torch.stack(outputs, dim=1), state
+
+    def check_input(self, x: Tensor, lengths: Tensor | None) -> Tensor | None:
+        """Raise InputError unless x is (B, T >= 1, input_size) and 0 <= lengths <= T; return the
+        lengths as int64 on x's device (or None)."""
+        from .errors import InputError
+
+        name = type(self).__name__
+        if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] != self.input_size:
+            raise InputError(f"{name}: x must be (B, T >= 1, input_size={self.input_size}), "
+                             f"got shape {tuple(x.shape)}")
+        if lengths is None:
+            return None
+        if lengths.shape != (x.shape[0],) or lengths.dtype.is_floating_point or lengths.dtype in (
+                torch.bool, torch.complex64, torch.complex128):
+            raise InputError(f"{name}: lengths must be an integer tensor of shape (B,)=({x.shape[0]},), "
+                             f"got {lengths.dtype} of shape {tuple(lengths.shape)}")
+        lengths = lengths.to(device=x.device, dtype=torch.long)
+        bad = lengths[(lengths < 0) | (lengths > x.shape[1])]
+        if bad.numel():
+            raise InputError(f"{name}: lengths must lie in [0, T={x.shape[1]}], "
+                             f"got {bad[:5].tolist()}; pad x to the longest length")
+        return lengths
 
 
 class Tokenizer:

@@ -67,7 +67,8 @@ class Spec:
 PositiveInt = Annotated[int, Range(lo=1)]
 NonNegativeInt = Annotated[int, Range(lo=0)]
 PositiveFloat = Annotated[float, Range(lo=0, lo_open=True)]
-Probability = Annotated[float, Range(lo=0.0, hi=1.0, hi_open=True)]
+Probability = Annotated[float, Range(lo=0.0, hi=1.0, hi_open=True)]  # dropout: 1.0 would zero all
+UnitInterval = Annotated[float, Range(lo=0.0, hi=1.0)]
 
 
 class Validator:
@@ -164,6 +165,10 @@ class Validator:
                     errors.append(error)
             if len(errors) == 1:
                 raise errors[0]
+            # A suggestion from one option ("did you mean ...") beats a list of every option.
+            hinted = [e for e in errors if "did you mean" in e.message]
+            if hinted:
+                raise hinted[-1]
             raise SchemaError(path, f"expected {describe_hint(hint)}, got {describe(value)}")
         if origin is Literal:
             choices = typing.get_args(hint)
@@ -261,7 +266,8 @@ def describe(value: Any) -> str:
 def describe_hint(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin is Annotated:
-        return describe_hint(typing.get_args(hint)[0])
+        kinds = [e.kind for e in typing.get_args(hint)[1:] if isinstance(e, SpecKind)]
+        return f"a {kinds[0]} name or mapping" if kinds else describe_hint(typing.get_args(hint)[0])
     if origin in (Union, types.UnionType):
         return " or ".join(describe_hint(a) for a in typing.get_args(hint))
     if origin is Literal:
