@@ -22,7 +22,8 @@ class AttentionConfig:
 
     heads: query heads H. kv_heads: key/value heads K (null = heads; 1 = MQA; else GQA, H % K == 0).
     head_dim: D (null = dim // heads). score: the score component (default ``scaled_dot``).
-    bias: biases on the q/k/v/output projections. window: sliding window W — a query sees itself
+    bias: biases on the q/k/v projections, and on the output projection unless ``out_bias`` says
+    otherwise (null = same as bias; Qwen2 has q/k/v biases but none on the output). window: sliding window W — a query sees itself
     and the W - 1 keys before it (null = unlimited). dropout: on attention weights while training.
     qk_norm: a norm applied to each head's q and k over D before the position hook (Qwen3,
     Gemma-3; weight shared across heads), or null.
@@ -33,6 +34,7 @@ class AttentionConfig:
     head_dim: PositiveInt | None = None
     score: Spec["score"] = "scaled_dot"
     bias: bool = True
+    out_bias: bool | None = None
     window: PositiveInt | None = None
     dropout: Probability = 0.0
     qk_norm: Spec["norm"] | None = None
@@ -130,7 +132,8 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(memory_dim or dim, 2 * k * d, bias=attention.bias)
         else:
             self.qkv_proj = nn.Linear(dim, (h + 2 * k) * d, bias=attention.bias)
-        self.out_proj = nn.Linear(h * d, dim, bias=attention.bias)
+        out_bias = attention.bias if attention.out_bias is None else attention.out_bias
+        self.out_proj = nn.Linear(h * d, dim, bias=out_bias)
         self.score = registry().create("score", attention.score, query_dim=d, key_dim=d, heads=h)
         if attention.qk_norm is not None:
             self.q_norm = registry().create("norm", attention.qk_norm, d)

@@ -57,3 +57,10 @@ def test_pre_norm_block_matches_its_formula():
     with torch.no_grad():
         h = x + block.attn(block.attn_norm(x), inputs)
         torch.testing.assert_close(block(x, inputs), h + block.ffn(block.ffn_norm(h)))
+
+
+def test_out_bias_overrides_the_output_projection_bias():
+    model = seqzoo.build("tiny-llama", ["model.attention.bias=true", "model.attention.out_bias=false"],
+                         device="meta")
+    attn = model.decoder.blocks[0].attn
+    assert attn.qkv_proj.bias is not None and attn.out_proj.bias is None
