@@ -7,7 +7,9 @@
     ids = seqzoo.generate(model, prompt_ids, max_new_tokens=32)
     seqzoo.registry().list("score")
 
-Plugins are imported when the registry is first used, not by ``import seqzoo``.
+Plugins are imported when the registry is first used, not by ``import seqzoo``: built-ins, then
+installed third-party plugins (entry-point group ``seqzoo``), then the local ones the user names
+(``SEQZOO_PLUGINS``, ``seqzoo --plugin``, ``seqzoo.load_plugin("my_plugin.py")``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from .checkpoint import load, save
 from .errors import CheckpointError, ConfigError, InputError, RecipeError, RegistryError, SeqzooError
 from .generation import generate
 from .hookspecs import hookimpl
-from .registry import Component, Registry, registry
+from .registry import Component, Plugin, Registry, load_plugin, registry
 
 __version__ = "0.1.0"
 
@@ -28,7 +30,7 @@ def tokenizer(model_or_recipe):
 
 
 __all__ = [
-    "CheckpointError", "Component", "ConfigError", "InputError", "RecipeError", "Registry",
-    "RegistryError", "SeqzooError", "build", "generate", "hookimpl", "load", "registry", "save",
-    "tokenizer",
+    "CheckpointError", "Component", "ConfigError", "InputError", "Plugin", "RecipeError", "Registry",
+    "RegistryError", "SeqzooError", "build", "generate", "hookimpl", "load", "load_plugin", "registry",
+    "save", "tokenizer",
 ]

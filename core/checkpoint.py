@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .errors import CheckpointError, SeqzooError
+from .errors import CheckpointError, RegistryError, SeqzooError
 
 FORMAT = "1"
 
@@ -127,6 +129,7 @@ def load(path: str | os.PathLike, device: str | torch.device | None = None) -> n
         tied = json.loads(metadata.get("seqzoo.tied", "{}"))
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: corrupt seqzoo metadata ({error})") from None
+    _warn_provenance(path, metadata)
     try:
         model = instantiate(resolve(recipe), device=device)
     except SeqzooError as error:
@@ -143,6 +146,59 @@ def load(path: str | os.PathLike, device: str | torch.device | None = None) -> n
             tensor.copy_(stored[name].to(device=target, dtype=tensor.dtype))
     model.eval()
     return model
+
+
+class ProvenanceWarning(UserWarning):
+    """A checkpoint's component comes from a plugin that is missing here, or from another
+    distribution or major version than the one it was saved with."""
+
+
+def _major(version: str) -> str:
+    match = re.match(r"\s*v?(\d+)", version or "")
+    return match[1] if match else (version or "").strip()
+
+
+def _warn_provenance(path, metadata: dict[str, str]) -> None:
+    """Compare ``seqzoo.components`` (what provided each component at save time) with this
+    process's registry and warn, once per component, naming the distribution to install."""
+    from .registry import registry
+
+    try:
+        saved = json.loads(metadata.get("seqzoo.components", "{}"))
+    except json.JSONDecodeError:
+        return  # the recipe check that follows reports corrupt metadata
+    if not isinstance(saved, dict):
+        return
+    reg = registry()
+    seen = set()
+    for record in saved.values():
+        if not isinstance(record, dict) or "kind" not in record or "name" not in record:
+            continue
+        kind, name = str(record["kind"]), str(record["name"])
+        if (kind, name) in seen:
+            continue
+        seen.add((kind, name))
+        dist, version = record.get("distribution") or "", record.get("version") or ""
+        plugin = record.get("plugin") or ""
+        was = f"{dist} {version}".strip() if dist else f"local plugin {plugin}"
+        if dist:
+            fix = f"pip install '{dist}=={version}'" if version else f"pip install '{dist}'"
+        else:
+            fix = f"load it with seqzoo --plugin {plugin} or SEQZOO_PLUGINS"
+        try:
+            now = reg.get(kind, name)
+        except RegistryError:
+            message = f"{path}: {kind} {name!r} was saved from {was}, which is not loaded here; {fix}"
+        else:
+            if dist and now.distribution.lower() != dist.lower():
+                message = (f"{path}: {kind} {name!r} was saved from {was} but is now provided by "
+                           f"{now.origin}; outputs may differ ({fix} to match)")
+            elif dist and _major(now.version) != _major(version):
+                message = (f"{path}: {kind} {name!r} was saved with {was} but {now.version} is loaded, "
+                           f"a different major version; outputs may differ ({fix} to match)")
+            else:
+                continue
+        warnings.warn(message, ProvenanceWarning, stacklevel=3)
 
 
 def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor]) -> None:

@@ -3,32 +3,58 @@ the traceback)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 EXIT_BAD_INPUT = 2
+EXIT_CHECK_FAILED = 1
+
+PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "
+               "separated by os.pathsep)")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="seqzoo", description="Assemble sequence models from plugins and YAML recipes.")
+        prog="seqzoo", description="Assemble sequence models from plugins and YAML recipes.",
+        epilog="Installed plugins (entry-point group 'seqzoo') load on first use; "
+               "SEQZOO_DISABLE_PLUGINS=1 (or a comma list of names) turns them off, "
+               "SEQZOO_STRICT_PLUGINS=1 makes a broken plugin an error.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
+                        help=PLUGIN_HELP)
+    # The same option after the command name (``seqzoo list --plugin x.py``); a distinct dest,
+    # because a subparser's default would overwrite the value given before the command.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--plugin", dest="plugins_after", action="append", metavar="PATH_OR_MODULE",
+                        help=PLUGIN_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add = lambda name, **kw: commands.add_parser(name, parents=[common], **kw)  # noqa: E731
 
-    p = commands.add_parser("list", help="list registered components")
+    p = add("list", help="list registered components: kind, name, summary, origin")
     p.add_argument("kind", nargs="?", help="only this kind (score, position, norm, ffn, ...)")
 
-    p = commands.add_parser("show", help="print a resolved recipe, its parameter count and module tree")
+    p = add("plugins", help="list plugins with their origin, hooks and component counts")
+    p.add_argument("-a", "--all", action="store_true", help="one row per built-in module too")
+
+    p = add("check", help="run the conformance kit on registered components (exit 1 on a failure)")
+    p.add_argument("kind", nargs="?", help="only this kind (default: every kind the kit checks)")
+    p.add_argument("name", nargs="?", help="only this component")
+    p.add_argument("--from", dest="origin", metavar="PLUGIN",
+                   help="only components from this plugin or distribution")
+
+    p = add("show", help="print a resolved recipe, its parameter count and module tree")
     p.add_argument("recipe", help="recipe path or shipped recipe name")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
-    p = commands.add_parser("build", help="build a model from a recipe and save it")
+    p = add("build", help="build a model from a recipe and save it")
     p.add_argument("recipe", help="recipe path or shipped recipe name")
     p.add_argument("-o", "--output", help="checkpoint to write (.safetensors)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seed", type=int, default=0, help="seed for the random initialisation (0)")
 
-    p = commands.add_parser("generate", help="continue a prompt with a saved model")
+    p = add("generate", help="continue a prompt with a saved model")
     p.add_argument("checkpoint", help="a .safetensors file written by seqzoo")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="text, encoded with the recipe's tokenizer")
@@ -56,6 +82,77 @@ def _cmd_list(args) -> int:
     for kind, name, summary, origin in rows:
         print(f"{kind:<{widths[0]}}  {name:<{widths[1]}}  {summary}  [{origin}]")
     return 0
+
+
+def _counts(components) -> str:
+    by_kind: dict[str, int] = {}
+    for c in components:
+        by_kind[c.kind] = by_kind.get(c.kind, 0) + 1
+    detail = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
+    return f"{len(components)} ({detail})" if detail else "0"
+
+
+def _cmd_plugins(args) -> int:
+    import seqzoo
+
+    reg = seqzoo.registry()
+    plugins = list(reg.plugins.values())
+    builtins = [p for p in plugins if p.source == "built-in"]
+    rows = [("PLUGIN", "ORIGIN", "STATUS", "HOOKS", "COMPONENTS")]
+    if builtins and not args.all:
+        hooks = sorted({h for p in builtins for h in p.hooks})
+        first = builtins[0]
+        rows.append((f"seqzoo.plugins ({len(builtins)} modules)", f"{first.distribution} {first.version} built-in",
+                     "loaded", ",".join(hooks), _counts([c for p in builtins for c in p.components])))
+        plugins = [p for p in plugins if p.source != "built-in"]
+    for p in plugins:
+        origin = f"{p.distribution} {p.version}".strip() if p.distribution else ""
+        origin = f"{origin} {p.source}".strip() if p.source != "entry point" else origin or "-"
+        detail = _counts(p.components) if p.status == "loaded" else p.reason
+        rows.append((p.name, origin, p.status, ",".join(p.hooks) or "-", detail))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)) + "  " + row[4])
+    return 0
+
+
+def _cmd_check(args) -> int:
+    import seqzoo
+    from seqzoo import testing
+
+    from .errors import InputError, unknown_name
+    from .registry import _canonical
+
+    reg = seqzoo.registry()
+    if args.kind is None:
+        kinds = [k for k in testing.CHECKED_KINDS if k in reg.kinds()]
+    else:
+        if args.kind not in reg.kinds():
+            raise seqzoo.RegistryError(unknown_name("component kind", args.kind, reg.kinds()))
+        if args.kind not in testing.CHECKED_KINDS:
+            raise InputError(f"the conformance kit has no checks for kind {args.kind!r}; it checks "
+                             f"{', '.join(testing.CHECKED_KINDS)}")
+        kinds = [args.kind]
+    if args.name is not None:
+        components = [reg.get(kinds[0], args.name)]
+    else:
+        components = [c for kind in kinds for c in reg.list(kind)]
+    if args.origin is not None:
+        wanted = {_canonical(args.origin)}
+        if os.path.exists(args.origin):  # a local plugin is named by its resolved path
+            wanted.add(_canonical(os.path.realpath(args.origin)))
+        components = [c for c in components if wanted & {_canonical(c.plugin), _canonical(c.distribution)}]
+        if not components:
+            raise InputError(f"--from {args.origin}: no checked component comes from a plugin or "
+                             f"distribution of that name (see `seqzoo plugins`)")
+    tally = {"passed": 0, "failed": 0, "skipped": 0}
+    for component in components:
+        for result in testing.check_component(component.kind, component.name):
+            tally[result.status] += 1
+            print(result, flush=True)
+    print(f"{tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped "
+          f"({len(components)} component{'' if len(components) == 1 else 's'})")
+    return EXIT_CHECK_FAILED if tally["failed"] else 0
 
 
 def _count(model) -> int:
@@ -127,7 +224,26 @@ def _cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"list": _cmd_list, "show": _cmd_show, "build": _cmd_build, "generate": _cmd_generate}
+COMMANDS = {"list": _cmd_list, "plugins": _cmd_plugins, "check": _cmd_check, "show": _cmd_show,
+            "build": _cmd_build, "generate": _cmd_generate}
+
+
+def _load_plugins(refs: list[str]) -> None:
+    """Load each ``--plugin``; one that fails is reported and skipped (an error when strict)."""
+    import seqzoo
+    from seqzoo.registry import strict
+
+    for ref in refs:
+        try:
+            seqzoo.load_plugin(ref)
+        except seqzoo.RegistryError as error:
+            if strict():
+                raise
+            print(f"seqzoo: warning: {error}", file=sys.stderr)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"seqzoo: warning: {message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,7 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import SeqzooError
 
     try:
-        return COMMANDS[args.command](args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            _load_plugins([*args.plugins, *(getattr(args, "plugins_after", None) or [])])
+            return COMMANDS[args.command](args)
     except SeqzooError as error:
         if args.debug:
             raise
@@ -143,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `seqzoo list | head`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -48,8 +48,11 @@ class ScoreFunction(nn.Module):
     Constructor: ``(query_dim, key_dim, heads, **params)`` where ``query_dim``/``key_dim`` are the
     per-head dims of q and k and ``heads`` is H. A new score writes ``scores``; the default
     ``attend`` turns scores into a masked softmax over keys in float32 and applies it to v. Fused
-    variants override ``attend``.
+    variants override ``attend``. A score whose weights are not a softmax of its scores (sigmoid
+    attention) sets ``normalization`` to another name, and the kit skips the softmax check.
     """
+
+    normalization: str = "softmax"
 
     def __init__(self, query_dim: int, key_dim: int, heads: int) -> None:
         super().__init__()
@@ -284,6 +287,23 @@ class Tokenizer:
         raise NotImplementedError(f"{type(self).__name__} must implement decode(ids)")
 
 
+class Task:
+    """Training data (kind ``task``): a generator of (prompt, answer) text pairs.
+
+    Constructor: ``(**params)``. ``example(rng, split)`` draws one pair for ``split`` ("train" or
+    "eval"; eval may use other lengths, so held-out examples also test generalisation).
+    ``exact_match`` says whether answers can be scored by exact match of greedy generations
+    (false for free text, which is scored by loss only). Decoder LMs see ``prompt=answer``; seq2seq
+    models see the pair. Prompts must not contain ``separator``.
+    """
+
+    exact_match: bool = True
+    separator: str = "="
+
+    def example(self, rng, split: str = "train") -> tuple[str, str]:
+        raise NotImplementedError(f"{type(self).__name__} must implement example(rng, split)")
+
+
 # The base class each kind's components must subclass (kinds not listed are unconstrained).
 BASES: dict[str, type] = {
     "score": ScoreFunction,
@@ -295,4 +315,5 @@ BASES: dict[str, type] = {
     "tokenizer": Tokenizer,
     "rope_scaling": RopeScaling,
     "activation": nn.Module,
+    "task": Task,
 }

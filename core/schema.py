@@ -67,6 +67,7 @@ class Spec:
 PositiveInt = Annotated[int, Range(lo=1)]
 NonNegativeInt = Annotated[int, Range(lo=0)]
 PositiveFloat = Annotated[float, Range(lo=0, lo_open=True)]
+NonNegativeFloat = Annotated[float, Range(lo=0.0)]
 Probability = Annotated[float, Range(lo=0.0, hi=1.0, hi_open=True)]  # dropout: 1.0 would zero all
 UnitInterval = Annotated[float, Range(lo=0.0, hi=1.0)]
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 
 import pytest
 import torch
@@ -99,30 +100,74 @@ def _registry_with(*components: seqzoo.Component) -> Registry:
     return reg
 
 
-def test_add_same_kind_and_name_is_an_error_naming_both_plugins():
+def test_add_same_kind_and_name_reports_both_plugins_and_keeps_the_builtin(capsys):
+    reg = _build()
+    clash = seqzoo.Component("score", "scaled_dot", _Score, plugin="acme", distribution="seqzoo-acme", version="1.0")
+    assert reg.add(clash) is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("seqzoo: warning: ")
+    assert re.search(r"plugin 'acme' \(seqzoo-acme 1\.0\): score 'scaled_dot' rejected: the name is taken by "
+                     r"score 'scaled_dot' from plugin 'seqzoo\.plugins\.score\.scaled_dot' \(seqzoo 0\.1\.0\), "
+                     r"which is kept", err[0])
+    assert reg.get("score", "scaled_dot").plugin == "seqzoo.plugins.score.scaled_dot"
+    assert reg.problems and "scaled_dot" in reg.problems[0]
+
+
+def test_add_same_name_as_an_alias_is_a_clash(capsys):
+    reg = _build()
+    assert reg.add(seqzoo.Component("score", "sdpa", _Score, plugin="acme")) is False
+    assert "the name is taken by score 'scaled_dot'" in capsys.readouterr().err
+
+
+def test_add_same_kind_and_name_raises_when_strict(monkeypatch):
+    monkeypatch.setenv("SEQZOO_STRICT_PLUGINS", "1")
     reg = _build()
     clash = seqzoo.Component("score", "scaled_dot", _Score, plugin="acme")
-    with pytest.raises(seqzoo.RegistryError, match=r"'acme' clashes with the one from plugin 'seqzoo\.plugins\.score\.scaled_dot'"):
+    with pytest.raises(seqzoo.RegistryError, match=r"plugin 'acme' \(local\): score 'scaled_dot' rejected: "
+                                                   r"the name is taken by .*seqzoo\.plugins\.score\.scaled_dot"):
         reg.add(clash)
-    assert reg.get("score", "scaled_dot").plugin == "seqzoo.plugins.score.scaled_dot"
 
 
-def test_add_rejects_a_component_with_the_wrong_base_class():
+def test_add_rejects_a_component_with_the_wrong_base_class(monkeypatch):
     class NotAScore(nn.Module):
         def __init__(self, query_dim: int, key_dim: int, heads: int) -> None:
             super().__init__()
 
-    with pytest.raises(seqzoo.RegistryError, match="NotAScore must subclass ScoreFunction"):
+    monkeypatch.setenv("SEQZOO_STRICT_PLUGINS", "1")
+    with pytest.raises(seqzoo.RegistryError, match="score 'bad' rejected: NotAScore must subclass ScoreFunction"):
         _registry_with(seqzoo.Component("score", "bad", NotAScore, plugin="acme"))
 
 
-def test_add_rejects_a_constructor_without_core_args():
+def test_add_rejects_a_constructor_without_core_args(monkeypatch):
     class NoCore(ScoreFunction):
         def __init__(self, width: int = 3) -> None:
             super().__init__(1, 1, 1)
 
+    monkeypatch.setenv("SEQZOO_STRICT_PLUGINS", "1")
     with pytest.raises(seqzoo.RegistryError, match="must start with the core arguments query_dim, key_dim, heads"):
         _registry_with(seqzoo.Component("score", "nocore", NoCore, plugin="acme"))
+
+
+@pytest.mark.parametrize("kind, name, cls, message", [
+    ("score", "has space", _Score, r"name must be a word .*got 'has space'"),
+    ("", "x", _Score, r"kind must be a word such as 'score', got ''"),
+    ("score", "inst", _Score(1, 1, 1), r"expected a class, got"),
+])
+def test_add_rejects_a_malformed_record_and_keeps_going(capsys, kind, name, cls, message):
+    reg = _build()
+    assert reg.add(seqzoo.Component(kind, name, cls, plugin="acme")) is False
+    assert re.search(message, capsys.readouterr().err)
+    assert (kind, name) not in reg.components
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"aliases": ("ok", 3)}, r"aliases must be non-empty strings, got \('ok', 3\)"),
+    ({"summary": "two\nlines"}, r"summary must be one line of text"),
+])
+def test_add_rejects_malformed_aliases_and_summaries(capsys, fields, message):
+    reg = _build()
+    assert reg.add(seqzoo.Component("score", "plain", _Score, plugin="acme", **fields)) is False
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_add_new_component_is_creatable():

@@ -1,0 +1,27 @@
+"""Synthetic task `reverse`: the answer is the string reversed."""
+from __future__ import annotations
+
+import seqzoo
+from seqzoo.schema import PositiveInt
+
+from ._strings import StringTask
+
+
+class ReverseTask(StringTask):
+    """min_len/max_len: training lengths (1, 8). eval_min_len/eval_max_len: held-out lengths (null
+    = training ones). alphabet: characters to draw from (a–z)."""
+
+    variant = "reverse"
+
+    def __init__(self, min_len: PositiveInt = 1, max_len: PositiveInt = 8,
+                 eval_min_len: PositiveInt | None = None, eval_max_len: PositiveInt | None = None,
+                 alphabet: str = "abcdefghijklmnopqrstuvwxyz") -> None:
+        super().__init__(min_len, max_len, eval_min_len, eval_max_len, alphabet)
+
+    def answer(self, text: str) -> str:
+        return text[::-1]
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("task", "reverse", ReverseTask, summary="reverse a string (abc -> cba)")]

@@ -1,0 +1,48 @@
+"""Task `text`: language modelling on a local text file (UTF-8 bytes), with a held-out split.
+
+The file is split once: the first ``1 − validation`` of it trains, the rest validates. Each
+example is a random window of ``window`` characters with an empty prompt; text is scored by loss,
+not exact match.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import seqzoo
+from seqzoo.errors import ConfigError
+from seqzoo.interfaces import Task
+from seqzoo.schema import PositiveInt, Probability
+
+
+class TextTask(Task):
+    """path: the text file (required). window: characters per example (128). validation: the
+    fraction held out at the end of the file (0.1)."""
+
+    exact_match = False
+
+    def __init__(self, path: str, window: PositiveInt = 128, validation: Probability = 0.1) -> None:
+        file = Path(path).expanduser()
+        try:
+            text = file.read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise ConfigError(f"task text: cannot read path={path!r} ({error.strerror or error}); "
+                              f"give an existing UTF-8 text file") from None
+        cut = int(len(text) * (1 - validation))
+        self.splits = {"train": text[:cut], "eval": text[cut:] or text[:cut]}
+        shortest = min(len(part) for part in self.splits.values())
+        if shortest <= window:
+            raise ConfigError(f"task text: {path!r} gives splits of {shortest} characters, not more "
+                              f"than window={window}; use a longer file or a smaller window")
+        self.window = window
+
+    def example(self, rng: random.Random, split: str = "train") -> tuple[str, str]:
+        text = self.splits[split]
+        start = rng.randrange(len(text) - self.window)
+        return "", text[start:start + self.window]
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("task", "text", TextTask,
+                             summary="language modelling on a local text file, train/validation split")]
