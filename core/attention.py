@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .cache import KVCache
 from .interfaces import PositionScheme
-from .schema import PositiveInt, Probability, SchemaError, Spec
+from .schema import Depth, PositiveInt, Probability, SchemaError, Size, Spec
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,9 @@ class AttentionConfig:
     Gemma-3; weight shared across heads), or null.
     """
 
-    heads: PositiveInt
-    kv_heads: PositiveInt | None = None
-    head_dim: PositiveInt | None = None
+    heads: Depth
+    kv_heads: Depth | None = None
+    head_dim: Size | None = None
     score: Spec["score"] = "scaled_dot"
     bias: bool = True
     out_bias: bool | None = None

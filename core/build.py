@@ -55,6 +55,9 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
     params = dict(data["model"])
     component = registry().get("model", params.pop("kind"))
     try:
+        if target.type != "meta":
+            with torch.device("meta"):  # the structure alone, to refuse what cannot fit
+                _check_fits(call_with(component.cls, params), torch_dtype, target)
         with target:
             model = call_with(component.cls, params)
     except ConfigError as error:
@@ -65,6 +68,32 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
     model.recipe = data
     model.components = provenance(resolved)
     return model
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` (None when it cannot be told)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_fits(skeleton: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, before allocating, a model whose parameters alone exceed the free memory."""
+    size = sum(p.numel() for p in skeleton.parameters()) * torch.empty((), dtype=dtype).element_size()
+    free = available_memory(device)
+    if free is not None and size > free:
+        gib = 1 << 30
+        raise SeqzooError(f"the model's parameters need {size / gib:.1f} GiB in {str(dtype)[6:]} but only "
+                          f"{free / gib:.1f} GiB is free on {device}; build it with device='meta' to "
+                          f"inspect it, or pick a smaller recipe")
 
 
 def provenance(resolved: Resolved) -> dict[str, dict[str, str]]:

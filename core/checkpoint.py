@@ -1,8 +1,10 @@
 """Checkpoints: safetensors only (never pickle), with the resolved recipe in the metadata.
 
 Metadata keys: ``seqzoo.format``, ``seqzoo.recipe`` (JSON of the resolved recipe),
-``seqzoo.components`` (which plugin/version provided each component) and ``seqzoo.tied`` (names of
-tensors stored once under another name). Writes are atomic: a temp file in the same folder,
+``seqzoo.components`` (which plugin/version provided each component), ``seqzoo.tied`` (names of
+tensors stored once under another name) and, when the tokenizer has one, ``seqzoo.tokenizer`` (its
+serialised form, e.g. an hf tokenizer's tokenizer.json; ``load`` keeps it as
+``model.tokenizer_state``). Writes are atomic: a temp file in the same folder,
 fsync, rename, fsync of the folder.
 """
 from __future__ import annotations
@@ -28,30 +30,38 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)  # a torch.compile wrapper keeps the model here
 
 
-def _dedupe(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """Store tensors that share memory (tied weights) once; map the other names to the kept one."""
-    kept: dict[tuple, str] = {}
-    tensors: dict[str, Tensor] = {}
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """Parameters reachable under more than one name (tied weights): each later name -> the first."""
+    first: dict[int, str] = {}
     tied: dict[str, str] = {}
-    for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype) if tensor.device.type != "meta" else (name,)
-        if key in kept:
-            tied[name] = kept[key]
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            tied[name] = first[id(parameter)]
         else:
-            kept[key] = name
-            tensors[name] = tensor.detach().contiguous()
-    return tensors, tied
+            first[id(parameter)] = name
+    return tied
 
 
-def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str, str] | None = None) -> Path:
-    """Write ``model``'s weights and resolved recipe to ``path`` atomically; returns the path."""
+EXTRA_PREFIX = "extra/"  # tensors that are not weights (training state); load() skips them
+
+
+def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str, str] | None = None,
+         state: dict[str, Tensor] | None = None, extra_tensors: dict[str, Tensor] | None = None) -> Path:
+    """Write ``model``'s weights and resolved recipe to ``path`` atomically; returns the path.
+
+    ``state`` replaces ``model.state_dict()`` (the gathered weights of a sharded model);
+    ``extra_tensors`` (optimizer state, RNG state) are stored under ``extra/`` and read back with
+    ``read_extras``.
+    """
     model = _unwrap(model)
     recipe = getattr(model, "recipe", None)
     if recipe is None:
         raise SeqzooError("model has no .recipe; build it with seqzoo.build so it can be rebuilt on load")
     recipe = _with_actual_dtype(recipe, model)
-    tensors, tied = _dedupe(model.state_dict())
+    tied = tied_names(model)  # stored once, under the first name
+    state = model.state_dict() if state is None else state  # a sharded model's gathered weights
+    tensors = {name: t.detach().contiguous() for name, t in state.items() if name not in tied}
+    tensors.update({EXTRA_PREFIX + name: t.detach().contiguous() for name, t in (extra_tensors or {}).items()})
     if any(t.device.type == "meta" for t in tensors.values()):
         raise SeqzooError("cannot save a model built on device='meta': it has no weights")
     metadata = {
@@ -61,6 +71,9 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
         "seqzoo.tied": json.dumps(tied, sort_keys=True),
         **(extra_metadata or {}),
     }
+    tokenizer_state = _tokenizer_state(model)
+    if tokenizer_state is not None:
+        metadata["seqzoo.tokenizer"] = tokenizer_state
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
@@ -77,6 +90,23 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
         raise
     _fsync_dir(folder)
     return path
+
+
+def _tokenizer_state(model: nn.Module) -> str | None:
+    """The tokenizer's own serialised form (an hf tokenizer's tokenizer.json text), so the checkpoint
+    rebuilds it without the file it came from; None for tokenizers that need nothing (bytes)."""
+    state = getattr(model, "tokenizer_state", None)
+    if state is None:
+        from . import registry, tokenizer
+
+        spec = model.recipe.get("tokenizer", "bytes")
+        kind = spec if isinstance(spec, str) else spec.get("kind")
+        if callable(getattr(registry().get("tokenizer", kind).cls, "to_str", None)):
+            try:
+                state = tokenizer(model).to_str()
+            except SeqzooError as error:  # the weights are still worth saving
+                warnings.warn(f"the tokenizer is not stored in the checkpoint: {error}", stacklevel=3)
+    return state
 
 
 def _with_actual_dtype(recipe: dict, model: nn.Module) -> dict:
@@ -136,7 +166,7 @@ def load(path: str | os.PathLike, device: str | torch.device | None = None) -> n
         raise CheckpointError(f"{path}: its recipe no longer builds: {error}") from None
     target = next((p.device for p in model.parameters()), torch.device("cpu"))
     with safe_open(str(path), framework="pt", device="cpu") as handle:
-        stored = {name: handle.get_tensor(name) for name in handle.keys()}
+        stored = {name: handle.get_tensor(name) for name in handle.keys() if not name.startswith(EXTRA_PREFIX)}
     for name, source in tied.items():
         if source in stored:
             stored[name] = stored[source]
@@ -144,6 +174,8 @@ def load(path: str | os.PathLike, device: str | torch.device | None = None) -> n
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor.copy_(stored[name].to(device=target, dtype=tensor.dtype))
+    if "seqzoo.tokenizer" in metadata:
+        model.tokenizer_state = metadata["seqzoo.tokenizer"]
     model.eval()
     return model
 
@@ -199,6 +231,15 @@ def _warn_provenance(path, metadata: dict[str, str]) -> None:
             else:
                 continue
         warnings.warn(message, ProvenanceWarning, stacklevel=3)
+
+
+def read_extras(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """The metadata and the ``extra_tensors`` (prefix removed) that ``save`` stored at ``path``."""
+    metadata = read_metadata(path)
+    with safe_open(str(path), framework="pt", device="cpu") as handle:
+        extras = {name[len(EXTRA_PREFIX):]: handle.get_tensor(name)
+                  for name in handle.keys() if name.startswith(EXTRA_PREFIX)}
+    return metadata, extras
 
 
 def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor]) -> None:

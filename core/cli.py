@@ -3,6 +3,7 @@ the traceback)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import warnings
@@ -10,6 +11,9 @@ from collections.abc import Sequence
 
 EXIT_BAD_INPUT = 2
 EXIT_CHECK_FAILED = 1
+
+# Modules that add commands through ``register_cli(add) -> {name: handler}``.
+EXTENSIONS = ("seqzoo.cli_train",)
 
 PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "
                "separated by os.pathsep)")
@@ -66,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--no-cache", action="store_true", help="recompute the prefix every step")
     p.add_argument("--device", help="cpu, cuda, auto (default: the recipe's runtime.device)")
+    p.add_argument("--beam-size", type=int, help="beam search with this many beams")
+
+    for module in EXTENSIONS:  # command groups that live beside the code they drive
+        COMMANDS.update(importlib.import_module(module).register_cli(add))
     return parser
 
 
@@ -215,7 +223,7 @@ def _cmd_generate(args) -> int:
     ids = torch.tensor([prompt], device=device)
     out = seqzoo.generate(model, ids, args.max_new_tokens, use_cache=not args.no_cache,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          eos_id=tokenizer.eos_id, seed=args.seed)
+                          eos_id=tokenizer.eos_id, seed=args.seed, beam_size=args.beam_size)
     new = out[0, len(prompt):].tolist()
     if args.ids is not None:
         print(",".join(str(i) for i in out[0].tolist()))

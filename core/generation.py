@@ -71,7 +71,7 @@ def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: floa
 
 
 @torch.inference_mode()
-def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,
+def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              eos_id: int | None = None, seed: int | None = None,
              attention_mask: Tensor | None = None, beam_size: int | None = None,
@@ -87,7 +87,16 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_ca
     ``seed`` makes sampling reproducible. ``use_cache=False`` recomputes the prefix every step.
     ``beam_size`` switches to beam search (``length_penalty`` α ranks finished hypotheses by
     log p / length^α; beam 1 is greedy).
+
+    A list of 1-D prompts of any lengths is padded into one batch (on the side the model masks:
+    ``model.prompt_padding``) and answered with a list of 1-D tensors — each prompt (the decoder
+    start token for seq2seq models) followed by its new tokens, up to and including ``eos_id``,
+    with no padding; each equals what generating that prompt alone gives.
     """
+    if isinstance(input_ids, (list, tuple)):
+        return _generate_list(model, list(input_ids), max_new_tokens, use_cache=use_cache,
+                              temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
+                              seed=seed, beam_size=beam_size, length_penalty=length_penalty)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -133,6 +142,44 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, use_ca
     finally:
         model.train(was_training)
     return torch.cat(out, dim=1)
+
+
+def _generate_list(model: nn.Module, prompts: list[Tensor], max_new_tokens: int, **kwargs) -> list[Tensor]:
+    if not prompts:
+        return []
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, Tensor) or prompt.dim() != 1 or prompt.numel() == 0:
+            shape = tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__
+            raise InputError(f"prompt {index}: each prompt must be a non-empty 1-D tensor of ids, got {shape}")
+    eos_id = kwargs.get("eos_id")
+    side = getattr(model, "prompt_padding", "left")
+    if side is None:  # the model cannot mask padding: batch prompts of equal length only
+        groups: dict[int, list[int]] = {}
+        for index, prompt in enumerate(prompts):
+            groups.setdefault(len(prompt), []).append(index)
+        batches = list(groups.values())
+    else:
+        batches = [list(range(len(prompts)))]
+    results: list[Tensor | None] = [None] * len(prompts)
+    for batch in batches:
+        lengths = [len(prompts[i]) for i in batch]
+        width = max(lengths)
+        device = prompts[batch[0]].device
+        ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+        mask = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+        for row, (index, length) in enumerate(zip(batch, lengths)):
+            span = slice(width - length, width) if side == "left" else slice(0, length)
+            ids[row, span] = prompts[index]
+            mask[row, span] = 1
+        out = generate(model, ids, max_new_tokens, attention_mask=mask if side else None, **kwargs)
+        prefix = 1 if hasattr(model, "encode") else width  # seq2seq output starts at the decoder
+        for row, (index, length) in enumerate(zip(batch, lengths)):
+            head = out[row, :prefix] if prefix != width else out[row, width - length:width]
+            new = out[row, prefix:]
+            if eos_id is not None and bool((new == eos_id).any()):
+                new = new[: int((new == eos_id).nonzero()[0]) + 1]
+            results[index] = torch.cat([head, new])
+    return results  # type: ignore[return-value]
 
 
 def beam_search(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, beam_size: int,

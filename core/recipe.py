@@ -20,9 +20,12 @@ import yaml
 from .errors import RecipeError, RegistryError
 from .interfaces import CORE_ARGS
 from .schema import SchemaError, Spec, Validator, dotted
+from .training import TrainConfig
 
 FORMAT_VERSION = 1
 MAX_EXTENDS_DEPTH = 16
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML, not a data file
+MAX_NESTING = 32  # mappings and lists inside each other
 
 Location = tuple[str, int]  # (file, 1-based line)
 
@@ -46,6 +49,7 @@ def _top_level(
     requires: list[str] = (),
     tokenizer: Spec["tokenizer"] = "bytes",
     runtime: RuntimeConfig = RuntimeConfig(),
+    train: TrainConfig | None = None,
 ) -> None:
     """The schema of a whole recipe (``extends`` is consumed before validation).
 
@@ -92,7 +96,11 @@ def _read_yaml(text: str, file: str) -> tuple[Any, dict[tuple, Location]]:
     """Parse ``text`` safely; return the data and the line of every key path (1-based)."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None:
+            _check_nesting(node, file)
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise RecipeError(f"{file}:1: nesting too deep to read (limit {MAX_NESTING} levels)") from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -104,6 +112,24 @@ def _read_yaml(text: str, file: str) -> tuple[Any, dict[tuple, Location]]:
     if node is not None:
         _walk(node, (), where, file, set())
     return data, where
+
+
+def _check_nesting(root: yaml.Node, file: str) -> None:
+    """Refuse documents nested deeper than MAX_NESTING (iteratively, and visiting each node once so
+    an alias bomb costs no more than its text)."""
+    stack, seen = [(root, 1)], set()
+    while stack:
+        node, depth = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if depth > MAX_NESTING:
+            raise RecipeError(f"{file}:{node.start_mark.line + 1}: nested deeper than {MAX_NESTING} "
+                              f"levels; a recipe is a few levels of mappings")
+        if isinstance(node, yaml.MappingNode):
+            stack += [(child, depth + 1) for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(child, depth + 1) for child in node.value]
 
 
 def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: set[int]) -> None:
@@ -162,6 +188,9 @@ def _find(ref: str, relative_to: Path | None) -> Path | None:
 
 def _load_file(path: Path, source: _Source, chain: tuple[Path, ...], file_label: str) -> dict:
     try:
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"{file_label}:1: recipe is {path.stat().st_size:,} bytes, over the "
+                              f"{MAX_RECIPE_BYTES:,}-byte limit for recipes")
         raw = path.read_bytes()
     except OSError as error:
         raise RecipeError(f"{file_label}:1: cannot read recipe: {error.strerror or error}") from None

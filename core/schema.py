@@ -11,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from .errors import closest
+
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 Path = tuple  # a key path such as ("model", "attention", "heads")
 
@@ -70,6 +73,10 @@ PositiveFloat = Annotated[float, Range(lo=0, lo_open=True)]
 NonNegativeFloat = Annotated[float, Range(lo=0.0)]
 Probability = Annotated[float, Range(lo=0.0, hi=1.0, hi_open=True)]  # dropout: 1.0 would zero all
 UnitInterval = Annotated[float, Range(lo=0.0, hi=1.0)]
+# Structural sizes are bounded so that a typo like 10**12 is an error, not a hang or an
+# allocation attempt: widths, vocabularies and lengths up to 2**24, depths and head counts up to 1024.
+Size = Annotated[int, Range(lo=1, hi=2**24)]
+Depth = Annotated[int, Range(lo=1, hi=1024)]
 
 
 class Validator:
@@ -208,6 +215,8 @@ class Validator:
                 return int(value)
             raise SchemaError(path, f"expected an integer, got {describe(value)}")
         if hint is float:
+            if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+                value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string; users mean a number
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if not math.isfinite(value):
                     raise SchemaError(path, f"expected a finite number, got {value!r}")

@@ -190,3 +190,11 @@ def test_invalid_utf8_names_the_line(tmp_path):
 def test_rope_rotary_dim_conflict_is_a_recipe_error():
     with pytest.raises(seqzoo.RecipeError, match=r"model: rope rotary_dim=7 must be even"):
         seqzoo.build("tiny-gpt", ["model.position={kind: rope, rotary_dim: 7}"], device="meta")
+
+
+def test_scientific_notation_without_a_dot_is_a_number():
+    """YAML 1.1 reads 1e-3 as a string; a float field takes it as the number it means."""
+    data = resolve("tiny-gpt", ["model.norm={kind: layernorm, eps: 1e-12}"]).data
+    assert data["model"]["norm"]["eps"] == 1e-12
+    with pytest.raises(seqzoo.RecipeError, match=r"model\.norm\.eps: expected a number, got 'e-12'"):
+        resolve("tiny-gpt", ["model.norm={kind: layernorm, eps: e-12}"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 import seqzoo
-from seqzoo.schema import PositiveFloat, PositiveInt, Probability
+from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size
 
 from ._glu import GLU
 
@@ -22,7 +22,7 @@ class GeGLU(GLU):
 
     variant = "geglu"
 
-    def __init__(self, dim: int, hidden: PositiveInt | None = None, multiple_of: PositiveInt = 1,
+    def __init__(self, dim: int, hidden: Size | None = None, multiple_of: PositiveInt = 1,
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
         super().__init__(dim, {"kind": "gelu", "approximate": approximate}, hidden, multiple_of,

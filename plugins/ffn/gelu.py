@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 import seqzoo
-from seqzoo.schema import PositiveInt, Probability
+from seqzoo.schema import Probability, Size
 
 from ._mlp import MLP
 
@@ -15,7 +15,7 @@ from ._mlp import MLP
 class GeluFFN(MLP):
     """hidden: F (null = 4·C). bias: true. approximate: none (exact erf) or tanh. dropout: 0."""
 
-    def __init__(self, dim: int, hidden: PositiveInt | None = None, bias: bool = True,
+    def __init__(self, dim: int, hidden: Size | None = None, bias: bool = True,
                  approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
         super().__init__(dim, {"kind": "gelu", "approximate": approximate}, hidden, bias, dropout)
 

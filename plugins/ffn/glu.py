@@ -7,7 +7,7 @@ is ReGLU, ``gelu`` GEGLU, ``silu`` SwiGLU (the last two also have their own name
 from __future__ import annotations
 
 import seqzoo
-from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Spec
+from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size, Spec
 
 from ._glu import GLU
 
@@ -19,7 +19,7 @@ class GluFFN(GLU):
 
     variant = "glu"
 
-    def __init__(self, dim: int, hidden: PositiveInt | None = None,
+    def __init__(self, dim: int, hidden: Size | None = None,
                  activation: Spec["activation"] = "sigmoid", multiple_of: PositiveInt = 1,
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  dropout: Probability = 0.0) -> None:

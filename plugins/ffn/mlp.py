@@ -6,7 +6,7 @@ FFN(x) = W₂ · act(W₁ x + b₁) + b₂.
 from __future__ import annotations
 
 import seqzoo
-from seqzoo.schema import PositiveInt, Probability, Spec
+from seqzoo.schema import Probability, Size, Spec
 
 from ._mlp import MLP
 
@@ -16,7 +16,7 @@ class MlpFFN(MLP):
     ``{kind: NAME, **params}`` (gelu). bias: on both layers (true). dropout: after the activation
     while training (0)."""
 
-    def __init__(self, dim: int, hidden: PositiveInt | None = None,
+    def __init__(self, dim: int, hidden: Size | None = None,
                  activation: Spec["activation"] = "gelu", bias: bool = True,
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, activation, hidden, bias, dropout)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import seqzoo
-from seqzoo.schema import PositiveInt, Probability
+from seqzoo.schema import Probability, Size
 
 from ._mlp import MLP
 
@@ -10,7 +10,7 @@ from ._mlp import MLP
 class ReluFFN(MLP):
     """hidden: F (null = 4·C). bias: true (T5 v1.0: false). dropout: 0."""
 
-    def __init__(self, dim: int, hidden: PositiveInt | None = None, bias: bool = True,
+    def __init__(self, dim: int, hidden: Size | None = None, bias: bool = True,
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, "relu", hidden, bias, dropout)
 

@@ -8,7 +8,7 @@ rounded up to multiple_of — LLaMA-7B (4096, 256) -> 11008; LLaMA-3-8B (4096, 1
 from __future__ import annotations
 
 import seqzoo
-from seqzoo.schema import PositiveFloat, PositiveInt, Probability
+from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size
 
 from ._glu import GLU
 
@@ -19,7 +19,7 @@ class SwiGLU(GLU):
 
     variant = "swiglu"
 
-    def __init__(self, dim: int, hidden: PositiveInt | None = None, multiple_of: PositiveInt = 1,
+    def __init__(self, dim: int, hidden: Size | None = None, multiple_of: PositiveInt = 1,
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, "silu", hidden, multiple_of, ffn_dim_multiplier, bias, dropout)

@@ -12,7 +12,7 @@ from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
 from seqzoo.generation import CausalSession
 from seqzoo.init import init_weights
-from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Spec
+from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec
 
 
 class DecoderLM(nn.Module):
@@ -23,8 +23,11 @@ class DecoderLM(nn.Module):
     Vaswani/Gemma; false), dropout (embedding and residual dropout; 0), init_std (N(0, init_std)
     weights; 0.02)."""
 
-    def __init__(self, vocab_size: PositiveInt, dim: PositiveInt, layers: PositiveInt,
-                 max_seq_len: PositiveInt, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
+    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
+    prompt_padding = "left"
+
+    def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
+                 max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "pre", tie_embeddings: bool = True,
                  embed_norm: Spec["norm"] | None = None, scale_embeddings: bool = False,

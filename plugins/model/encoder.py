@@ -10,7 +10,7 @@ import seqzoo
 from seqzoo.attention import AttentionConfig, check_attention
 from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.init import init_weights
-from seqzoo.schema import NonNegativeInt, PositiveFloat, PositiveInt, Probability, Spec
+from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec
 
 
 class Encoder(nn.Module):
@@ -19,8 +19,8 @@ class Encoder(nn.Module):
     embed_norm (norm after the summed embeddings; BERT's LayerNorm; null), pooler (true),
     dropout (0), init_std (0.02)."""
 
-    def __init__(self, vocab_size: PositiveInt, dim: PositiveInt, layers: PositiveInt,
-                 max_seq_len: PositiveInt, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
+    def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
+                 max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "post", type_vocab_size: NonNegativeInt = 2,
                  embed_norm: Spec["norm"] | None = None, pooler: bool = True,

@@ -13,7 +13,7 @@ from seqzoo.attention import AttentionConfig, check_attention
 from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
 from seqzoo.init import init_weights
-from seqzoo.schema import NonNegativeInt, PositiveFloat, PositiveInt, Probability, Spec
+from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec
 
 
 class EncoderDecoder(nn.Module):
@@ -24,8 +24,11 @@ class EncoderDecoder(nn.Module):
     rescale_tied_head (× C^-1/2 before a tied head, T5 v1.0; false), decoder_start_id (the first
     decoder token; 0), dropout (0), init_std (0.02)."""
 
-    def __init__(self, vocab_size: PositiveInt, dim: PositiveInt, encoder_layers: PositiveInt,
-                 decoder_layers: PositiveInt, max_seq_len: PositiveInt, attention: AttentionConfig,
+    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
+    prompt_padding = "right"
+
+    def __init__(self, vocab_size: Size, dim: Size, encoder_layers: Depth,
+                 decoder_layers: Depth, max_seq_len: Size, attention: AttentionConfig,
                  ffn: Spec["ffn"] = "relu", position: Spec["position"] = "sinusoidal",
                  norm: Spec["norm"] = "layernorm", placement: Placement = "post",
                  tie_embeddings: bool = True, scale_embeddings: bool = False,

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 import seqzoo
 from seqzoo.init import init_weights
 from seqzoo.recurrent import RecurrentStack
-from seqzoo.schema import PositiveFloat, PositiveInt, Probability, SchemaError, Spec
+from seqzoo.schema import Depth, PositiveFloat, Probability, SchemaError, Size, Spec
 
 
 class RNNLM(nn.Module):
@@ -26,10 +26,13 @@ class RNNLM(nn.Module):
     tie_embeddings (share the LM head with the embedding; needs dim == hidden; false),
     init_std (0.02 for the embedding and heads; cells keep their own init)."""
 
-    def __init__(self, vocab_size: PositiveInt, dim: PositiveInt, hidden: PositiveInt,
-                 layers: PositiveInt = 1, cell: Spec["cell"] = "lstm", dropout: Probability = 0.0,
+    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
+    prompt_padding = None
+
+    def __init__(self, vocab_size: Size, dim: Size, hidden: Size,
+                 layers: Depth = 1, cell: Spec["cell"] = "lstm", dropout: Probability = 0.0,
                  head: Literal["lm", "last", "mean", "regression"] = "lm",
-                 num_classes: PositiveInt | None = None, tie_embeddings: bool = False,
+                 num_classes: Size | None = None, tie_embeddings: bool = False,
                  init_std: PositiveFloat = 0.02) -> None:
         super().__init__()
         self.vocab_size, self.head_kind = vocab_size, head

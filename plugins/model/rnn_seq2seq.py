@@ -24,8 +24,8 @@ from torch import Tensor, nn
 import seqzoo
 from seqzoo.init import init_weights
 from seqzoo.recurrent import RecurrentStack
-from seqzoo.schema import (NonNegativeInt, PositiveFloat, PositiveInt, Probability, SchemaError, Spec,
-                           UnitInterval)
+from seqzoo.schema import (Depth, NonNegativeInt, PositiveFloat, Probability, SchemaError, Size,
+                           Spec, UnitInterval)
 
 
 class RNNSeq2Seq(nn.Module):
@@ -36,8 +36,11 @@ class RNNSeq2Seq(nn.Module):
     decoder_start_id (0), tie_embeddings (output layer shares the embedding; false),
     init_std (0.02)."""
 
-    def __init__(self, vocab_size: PositiveInt, dim: PositiveInt, hidden: PositiveInt,
-                 layers: PositiveInt = 1, cell: Spec["cell"] = "gru", bidirectional: bool = False,
+    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
+    prompt_padding = "right"
+
+    def __init__(self, vocab_size: Size, dim: Size, hidden: Size,
+                 layers: Depth = 1, cell: Spec["cell"] = "gru", bidirectional: bool = False,
                  attention: Literal["none"] | Spec["score"] = "none", dropout: Probability = 0.0,
                  teacher_forcing: UnitInterval = 1.0,
                  decoder_start_id: NonNegativeInt = 0, tie_embeddings: bool = False,
@@ -127,10 +130,14 @@ class RNNSeq2Seq(nn.Module):
         logits = self.lm_head(torch.tanh(self.readout(torch.cat(features, dim=-1))))
         return logits, state, weights
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_lengths: Tensor | None = None) -> Tensor:
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_lengths: Tensor | None = None,
+                src_mask: Tensor | None = None) -> Tensor:
         """Logits for tgt_ids (B, T) given src_ids (B, S) -> (B, T, V). tgt_ids are the decoder
         inputs (start token first); while training, each step feeds the gold token with
-        probability ``teacher_forcing``, else the previous step's argmax."""
+        probability ``teacher_forcing``, else the previous step's argmax. Source padding (right)
+        is given as src_lengths (B,) or, as for ``encoder_decoder``, src_mask (B, S)."""
+        if src_lengths is None and src_mask is not None:
+            src_lengths = src_mask.long().sum(-1)
         memory, mask, state = self.encode(src_ids, src_lengths)
         sampled = self.training and self.teacher_forcing < 1.0
         if self.attention is None and not sampled:

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 import seqzoo
 from seqzoo.interfaces import ScoreFunction
-from seqzoo.schema import PositiveInt
+from seqzoo.schema import PositiveInt, Size
 
 
 def _chunk_logits(q_proj: Tensor, k_proj: Tensor, v: Tensor) -> Tensor:
@@ -45,7 +45,7 @@ class Additive(ScoreFunction):
 
     own_init = True
 
-    def __init__(self, query_dim: int, key_dim: int, heads: int, hidden: PositiveInt | None = None,
+    def __init__(self, query_dim: int, key_dim: int, heads: int, hidden: Size | None = None,
                  bias: bool = True, chunk: PositiveInt = 64) -> None:
         super().__init__(query_dim, key_dim, heads)
         self.hidden = key_dim if hidden is None else hidden
