@@ -78,13 +78,24 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise CheckpointError(f"{path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory; give a file name such as {path / 'model.safetensors'}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot write in {folder} ({error.strerror or error})") from None
     os.close(fd)
+    # Write a temp file beside the target, flush it to disk, then rename over the target: a crash
+    # at any moment leaves either the old file or the complete new one, never a partial file.
     try:
         save_file({k: v.cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        kept = "the previous file is intact" if path.exists() else "nothing was written"
+        raise CheckpointError(f"{path}: could not save ({error.strerror or error}); {kept}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -247,6 +258,10 @@ def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor])
     unexpected = sorted(set(stored) - set(expected))
     shapes = sorted(f"{n} {tuple(stored[n].shape)} != {tuple(t.shape)}"
                     for n, t in expected.items() if n in stored and stored[n].shape != t.shape)
+    # save() records the weights' dtype in the recipe, so a different stored dtype means the file
+    # was altered after saving.
+    dtypes = sorted(f"{n} {str(stored[n].dtype)[6:]} != {str(t.dtype)[6:]}"
+                    for n, t in expected.items() if n in stored and stored[n].dtype != t.dtype)
     problems = []
     if missing:
         problems.append(f"missing tensors: {_few(missing)}")
@@ -254,6 +269,8 @@ def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor])
         problems.append(f"unexpected tensors: {_few(unexpected)}")
     if shapes:
         problems.append(f"wrong shapes (stored != recipe): {_few(shapes)}")
+    if dtypes:
+        problems.append(f"wrong dtypes (stored != recipe): {_few(dtypes)}")
     if problems:
         raise CheckpointError(f"{path}: weights do not match the recipe: " + "; ".join(problems))
 

@@ -268,7 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"seqzoo: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        if getattr(interrupt, "message", None):
+            print(f"seqzoo: {interrupt.message}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `seqzoo list | head`: the reader left; not an error
         devnull = os.open(os.devnull, os.O_WRONLY)

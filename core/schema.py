@@ -33,8 +33,13 @@ class SchemaError(Exception):
         self.message = message
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
+
+
 def dotted(path: Path) -> str:
-    return ".".join(str(p) for p in path)
+    """``model.attention.heads``; keys that are not plain words are quoted (``model.'a b'``) so a
+    message stays one readable line."""
+    return ".".join(p if isinstance(p, str) and _PLAIN_KEY.fullmatch(p) else repr(p) for p in path)
 
 
 @dataclass(frozen=True)

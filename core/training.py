@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import signal
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -27,6 +28,40 @@ IGNORE = -100  # label of positions that carry no loss
 
 class TrainingError(SeqzooError):
     """Training cannot go on: a non-finite loss, or a model or tokenizer the task cannot use."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training at a step boundary; ``message`` says where the checkpoint is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class _StopRequests:
+    """While training, the first Ctrl-C (SIGINT) asks the loop to stop at the end of the current
+    step — so the checkpoint it writes is never half an optimizer update; a second one stops at
+    once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = None
+
+    def __enter__(self) -> "_StopRequests":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 @dataclass(frozen=True)
@@ -339,50 +374,35 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     last = min(config.steps, until) if until is not None else config.steps
     bar = _progress(start, last, quiet or not dist_info.main)
     began, tokens_seen, window_start = time.perf_counter(), 0, time.perf_counter()
-    result_eval: dict = {}
-    step = start
     model.train()
-    try:
-        for step in range(start, last):
-            rng = example_rng(config.seed, step, dist_info.rank)
-            batch = examples.batch([task.example(rng) for _ in range(config.batch_size)], device)
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * lr_factor(step, config)
-            with autocast:
-                loss = examples.loss(runner, batch)
-            if not torch.isfinite(loss):
-                raise TrainingError(
-                    f"step {step + 1}: the loss is {loss.item()}; stopped"
-                    + (f", {output} keeps the last good checkpoint" if output else "")
-                    + " (lower train.lr or set train.grad_clip)")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            tokens_seen += int((batch["labels"] != IGNORE).sum())
-            done = step + 1
-            if done % config.log_every == 0 or done == last:
-                elapsed = time.perf_counter() - window_start
-                entry = {"step": done, "loss": dist_info.average(loss.item(), device),
-                         "lr": optimizer.param_groups[0]["lr"],
-                         "tokens_per_s": tokens_seen * dist_info.world / max(elapsed, 1e-9)}
-                history.append(entry)
-                tokens_seen, window_start = 0, time.perf_counter()
-                bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}")
-            bar.update(1)
-            if config.eval_every and done % config.eval_every == 0 and done != last:
-                result_eval = examples.evaluate(model, config, device)
-                if history:
-                    history[-1]["eval"] = {k: v for k, v in result_eval.items() if k != "samples"}
-            if output and config.save_every and done % config.save_every == 0 and done != last:
-                _save(output, model, base, optimizer, done, config, history, dist_info)
-    except KeyboardInterrupt:
-        if output:
-            _save(output, model, base, optimizer, step, config, history, dist_info)
-        raise
-    finally:
-        bar.close()
+    with _StopRequests() as stop:
+        try:
+            for step in range(start, last):
+                loss, labels = _one_step(step, config, task, examples, runner, model, optimizer,
+                                         autocast, device, dist_info, output)
+                done = step + 1
+                tokens_seen += int((labels != IGNORE).sum())
+                if done % config.log_every == 0 or done == last:
+                    elapsed = time.perf_counter() - window_start
+                    entry = {"step": done, "loss": dist_info.average(loss, device),
+                             "lr": optimizer.param_groups[0]["lr"],
+                             "tokens_per_s": tokens_seen * dist_info.world / max(elapsed, 1e-9)}
+                    history.append(entry)
+                    tokens_seen, window_start = 0, time.perf_counter()
+                    bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}")
+                bar.update(1)
+                if config.eval_every and done % config.eval_every == 0 and done != last and history:
+                    interim = examples.evaluate(model, config, device)
+                    history[-1]["eval"] = {k: v for k, v in interim.items() if k != "samples"}
+                if output and config.save_every and done % config.save_every == 0 and done != last:
+                    _save(output, model, base, optimizer, done, config, history, dist_info)
+                if stop.requested:
+                    where = f"; {output} holds step {done}, continue with --resume {output}" if output else ""
+                    if output:
+                        _save(output, model, base, optimizer, done, config, history, dist_info)
+                    raise TrainingInterrupted(f"interrupted after step {done}{where}")
+        finally:
+            bar.close()
     finished = last
     result_eval = examples.evaluate(model, config, device)
     if output:
@@ -391,6 +411,29 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     prompt = task.example(rng, "eval")[0]
     return RunResult(history, result_eval, examples.prompt_text(prompt) if examples.family == "causal" else prompt,
                      finished, time.perf_counter() - began)
+
+
+def _one_step(step: int, config: TrainConfig, task: Task, examples: Examples, runner: nn.Module,
+              model: nn.Module, optimizer: torch.optim.Optimizer, autocast, device: torch.device,
+              dist_info: Distributed, output: str | None) -> tuple[float, Tensor]:
+    """One optimizer step on the batch of ``step`` -> (its loss, its labels)."""
+    rng = example_rng(config.seed, step, dist_info.rank)
+    batch = examples.batch([task.example(rng) for _ in range(config.batch_size)], device)
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr * lr_factor(step, config)
+    with autocast:
+        loss = examples.loss(runner, batch)
+    if not torch.isfinite(loss):
+        raise TrainingError(
+            f"step {step + 1}: the loss is {loss.item()}; stopped"
+            + (f", {output} keeps the last good checkpoint" if output else "")
+            + " (lower train.lr or set train.grad_clip)")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    return loss.item(), batch["labels"]
 
 
 def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer, step: int,
