@@ -1,0 +1,133 @@
+"""BLOOM (BigScience, 2022) <-> ``decoder_lm``: ALiBi, a LayerNorm right after the word embeddings
+(``embed_norm``), tanh-GELU MLP, tied head.
+
+BLOOM fuses q/k/v per head: the output of ``query_key_value`` is laid out [H, 3, D] (head-major),
+while seqzoo's ``qkv_proj`` is [3, H, D] ([q | k | v]). The rows are reordered both ways. ALiBi
+slopes and the key-position form of the bias (m_h·j instead of −m_h·(i − j)) give the same softmax.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from torch import Tensor, nn
+
+import seqzoo
+from seqzoo.errors import CheckpointError
+from seqzoo.hf import (HFConverter, Rule, copy, decoder_problem, first_problem, kind_of, linear, norm,
+                       special_ids)
+
+DEFAULTS = {"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8,
+            "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "hidden_dropout": 0.0,
+            "attention_dropout": 0.0, "apply_residual_connection_post_layernorm": False,
+            "tie_word_embeddings": True, "seq_length": 2048}
+
+
+def _config(config: dict) -> dict:
+    c = {**DEFAULTS, **config}
+    c["hidden_size"] = c.get("n_embed") or c["hidden_size"]  # old configs say n_embed
+    c["n_layer"] = config.get("num_hidden_layers", c["n_layer"])
+    c["n_head"] = config.get("num_attention_heads", c["n_head"])
+    return c
+
+
+def head_major_to_qkv(t: Tensor, heads: int) -> Tensor:
+    """[H, 3, D, ...] rows (BLOOM) -> [3, H, D, ...] rows ([q | k | v]); weight or bias."""
+    rest = t.shape[1:]
+    return t.reshape(heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
+
+
+def qkv_to_head_major(t: Tensor, heads: int) -> Tensor:
+    """The inverse of ``head_major_to_qkv``."""
+    rest = t.shape[1:]
+    return t.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(t.shape)
+
+
+def fused_per_head(target: str, source: str, heads: int) -> Rule:
+    return Rule(target, (source,), lambda t: head_major_to_qkv(t, heads),
+                lambda t: (qkv_to_head_major(t, heads),))
+
+
+class BloomConverter(HFConverter):
+    """config.json keys: hidden_size (or n_embed), n_layer, n_head, layer_norm_epsilon,
+    hidden_dropout, attention_dropout, tie_word_embeddings. The MLP is 4·hidden_size wide."""
+
+    model_type = "bloom"
+    architecture = "BloomForCausalLM"
+    base_prefix = "transformer."
+
+    def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
+        c = _config(config)
+        if c["apply_residual_connection_post_layernorm"]:
+            raise CheckpointError("config.json: bloom apply_residual_connection_post_layernorm: true "
+                                  "is not supported")
+        dim, ln = c["hidden_size"], {"kind": "layernorm", "eps": c["layer_norm_epsilon"]}
+        return {"model": {
+            "kind": "decoder_lm", "vocab_size": c["vocab_size"], "dim": dim, "layers": c["n_layer"],
+            "max_seq_len": c["seq_length"], "position": "alibi", "norm": ln, "embed_norm": ln,
+            "placement": "pre",
+            "attention": {"heads": c["n_head"], "score": "scaled_dot", "bias": True,
+                          "dropout": c["attention_dropout"]},
+            "ffn": {"kind": "gelu", "hidden": 4 * dim, "bias": True, "approximate": "tanh"},
+            "tie_embeddings": c["tie_word_embeddings"], "dropout": c["hidden_dropout"],
+            "init_std": c["initializer_range"],
+        }}
+
+    def rules(self, config: dict, recipe: dict) -> list[Rule]:
+        c = _config(config)
+        rules = [copy("embed.weight", "transformer.word_embeddings.weight")]
+        rules += norm("decoder.embed_norm", "transformer.word_embeddings_layernorm")
+        for i in range(c["n_layer"]):
+            h, b = f"transformer.h.{i}.", f"decoder.blocks.{i}."
+            rules += norm(b + "attn_norm", h + "input_layernorm")
+            for part in ("weight", "bias"):
+                rules.append(fused_per_head(f"{b}attn.qkv_proj.{part}",
+                                            f"{h}self_attention.query_key_value.{part}", c["n_head"]))
+            rules += linear(b + "attn.out_proj", h + "self_attention.dense", True)
+            rules += norm(b + "ffn_norm", h + "post_attention_layernorm")
+            rules += linear(b + "ffn.up", h + "mlp.dense_h_to_4h", True)
+            rules += linear(b + "ffn.down", h + "mlp.dense_4h_to_h", True)
+        rules += norm("decoder.final_norm", "transformer.ln_f")
+        if not recipe["model"]["tie_embeddings"]:
+            rules.append(copy("lm_head.weight", "lm_head.weight"))
+        return rules
+
+    def aliases(self, config: dict, recipe: dict) -> dict[str, str]:
+        tied = recipe["model"]["tie_embeddings"]
+        return {"lm_head.weight": "transformer.word_embeddings.weight"} if tied else {}
+
+    def accepts(self, recipe: dict) -> str | None:
+        m = recipe["model"]
+        problem = decoder_problem(m, position="alibi", norm="layernorm", ffn_gated=False,
+                                  tanh_name="gelu_new")
+        if problem:
+            return problem
+        attn, ffn = m["attention"], m["ffn"]
+        return first_problem(
+            (m["norm"]["bias"], "model.norm has no bias; BLOOM's LayerNorm has one"),
+            (kind_of(m["embed_norm"]) == "layernorm", "model.embed_norm must be a layernorm (BLOOM)"),
+            (m["embed_norm"] == m["norm"], "model.embed_norm must equal model.norm (BLOOM shares the eps)"),
+            (attn["kv_heads"] in (None, attn["heads"]), "model.attention.kv_heads: BLOOM has no GQA"),
+            (attn["head_dim"] in (None, m["dim"] // attn["heads"]),
+             "model.attention.head_dim must be dim / heads"),
+            (attn["bias"] and attn["out_bias"] in (None, True), "model.attention: BLOOM has biases everywhere"),
+            (attn["window"] is None, "model.attention.window: BLOOM has no sliding window"),
+            (attn["score"] == {"kind": "scaled_dot", "scale": None}, "model.attention.score must be scaled_dot"),
+            (ffn["kind"] == "gelu" and ffn["approximate"] == "tanh" and ffn["bias"],
+             "model.ffn must be {kind: gelu, approximate: tanh} with biases (BLOOM's GELU)"),
+            (ffn["hidden"] in (None, 4 * m["dim"]), "model.ffn.hidden must be 4·dim (BLOOM)"),
+        )
+
+    def hf_config(self, model: nn.Module) -> dict:
+        m = model.recipe["model"]
+        return {"vocab_size": m["vocab_size"], "hidden_size": m["dim"], "n_layer": m["layers"],
+                "n_head": m["attention"]["heads"], "layer_norm_epsilon": m["norm"]["eps"],
+                "seq_length": m["max_seq_len"], "hidden_dropout": m["dropout"],
+                "attention_dropout": m["attention"]["dropout"], "tie_word_embeddings": m["tie_embeddings"],
+                "apply_residual_connection_post_layernorm": False, "pretraining_tp": 1,
+                "slow_but_exact": False, "initializer_range": m["init_std"], **special_ids(model)}
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("converter", "bloom", BloomConverter,
+                             summary="Hugging Face BLOOM <-> decoder_lm (ALiBi, per-head fused qkv)")]

@@ -1,0 +1,108 @@
+"""GPT-2 (Radford et al., 2019) <-> ``decoder_lm``: learned positions, pre-norm LayerNorm, GELU MLP,
+tied head.
+
+GPT-2 keeps its projections in ``Conv1D`` layers whose weights are stored [in, out], the transpose
+of ``nn.Linear``: every matrix is transposed on the way in and out. ``c_attn`` is already the fused
+[q | k | v] projection seqzoo uses.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from torch import nn
+
+import seqzoo
+from seqzoo.errors import CheckpointError
+from seqzoo.hf import (HFConverter, Rule, copy, decoder_problem, ffn_activation, first_problem,
+                       kind_of, linear, mlp_ffn, norm, special_ids)
+
+DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+            "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1, "attn_pdrop": 0.1,
+            "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "scale_attn_weights": True,
+            "tie_word_embeddings": True}
+
+
+class GPT2Converter(HFConverter):
+    """config.json keys: n_embd, n_layer, n_head, n_positions, n_inner, activation_function,
+    layer_norm_epsilon, scale_attn_weights, tie_word_embeddings, *_pdrop."""
+
+    model_type = "gpt2"
+    architecture = "GPT2LMHeadModel"
+    base_prefix = "transformer."
+    ignored = (r"\.attn\.bias$", r"\.attn\.masked_bias$")  # causal-mask buffers of old checkpoints
+
+    def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
+        c = {**DEFAULTS, **config}
+        for key in ("add_cross_attention", "scale_attn_by_inverse_layer_idx"):
+            if c.get(key):
+                raise CheckpointError(f"config.json: gpt2 {key}: true is not supported")
+        dim = c["n_embd"]
+        score = "scaled_dot" if c["scale_attn_weights"] else {"kind": "scaled_dot", "scale": 1.0}
+        return {"model": {
+            "kind": "decoder_lm", "vocab_size": c["vocab_size"], "dim": dim, "layers": c["n_layer"],
+            "max_seq_len": c["n_positions"], "position": "learned",
+            "norm": {"kind": "layernorm", "eps": c["layer_norm_epsilon"]}, "placement": "pre",
+            "attention": {"heads": c["n_head"], "score": score, "bias": True, "dropout": c["attn_pdrop"]},
+            "ffn": mlp_ffn(c["activation_function"], c["n_inner"] or 4 * dim, True),
+            "tie_embeddings": c["tie_word_embeddings"], "dropout": c["resid_pdrop"],
+            "init_std": c["initializer_range"],
+        }}
+
+    def rules(self, config: dict, recipe: dict) -> list[Rule]:
+        c = {**DEFAULTS, **config}
+        rules = [copy("embed.weight", "transformer.wte.weight"),
+                 copy("decoder.position.table.weight", "transformer.wpe.weight")]
+        for i in range(c["n_layer"]):
+            h, b = f"transformer.h.{i}.", f"decoder.blocks.{i}."
+            rules += norm(b + "attn_norm", h + "ln_1")
+            rules += linear(b + "attn.qkv_proj", h + "attn.c_attn", True, transpose=True)
+            rules += linear(b + "attn.out_proj", h + "attn.c_proj", True, transpose=True)
+            rules += norm(b + "ffn_norm", h + "ln_2")
+            rules += linear(b + "ffn.up", h + "mlp.c_fc", True, transpose=True)
+            rules += linear(b + "ffn.down", h + "mlp.c_proj", True, transpose=True)
+        rules += norm("decoder.final_norm", "transformer.ln_f")
+        if not recipe["model"]["tie_embeddings"]:
+            rules.append(copy("lm_head.weight", "lm_head.weight"))
+        return rules
+
+    def aliases(self, config: dict, recipe: dict) -> dict[str, str]:
+        tied = recipe["model"]["tie_embeddings"]
+        return {"lm_head.weight": "transformer.wte.weight"} if tied else {}
+
+    def accepts(self, recipe: dict) -> str | None:
+        m = recipe["model"]
+        problem = decoder_problem(m, position="learned", norm="layernorm", ffn_gated=False,
+                                  tanh_name="gelu_new")
+        if problem:
+            return problem
+        attn, score = m["attention"], m["attention"]["score"]
+        return first_problem(
+            (m["norm"].get("bias", True), "model.norm has no bias; GPT-2's LayerNorm has one"),
+            (attn["kv_heads"] in (None, attn["heads"]), "model.attention.kv_heads: GPT-2 has no GQA"),
+            (attn["head_dim"] in (None, m["dim"] // attn["heads"]),
+             "model.attention.head_dim must be dim / heads"),
+            (attn["bias"] and attn["out_bias"] in (None, True), "model.attention: GPT-2 has biases everywhere"),
+            (attn["window"] is None, "model.attention.window: GPT-2 has no sliding window"),
+            (kind_of(score) == "scaled_dot" and score.get("scale") in (None, 1.0),
+             "model.attention.score must be scaled_dot (scale null or 1.0)"),
+            (m["ffn"].get("bias", True), "model.ffn has no bias; GPT-2's MLP has biases"),
+            (m["embed_norm"] is None, "model.embed_norm is set; GPT-2 has none"),
+        )
+
+    def hf_config(self, model: nn.Module) -> dict:
+        m = model.recipe["model"]
+        act, _ = ffn_activation(m["ffn"], "gelu_new")
+        return {"vocab_size": m["vocab_size"], "n_embd": m["dim"], "n_layer": m["layers"],
+                "n_head": m["attention"]["heads"], "n_positions": m["max_seq_len"],
+                "n_inner": model.decoder.blocks[0].ffn.hidden, "activation_function": act,
+                "layer_norm_epsilon": m["norm"]["eps"],
+                "scale_attn_weights": m["attention"]["score"].get("scale") is None,
+                "tie_word_embeddings": m["tie_embeddings"], "attn_pdrop": m["attention"]["dropout"],
+                "resid_pdrop": m["dropout"], "embd_pdrop": m["dropout"],
+                "initializer_range": m["init_std"], **special_ids(model)}
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("converter", "gpt2", GPT2Converter,
+                             summary="Hugging Face GPT-2 <-> decoder_lm (Conv1D weights transposed)")]
