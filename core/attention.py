@@ -6,7 +6,7 @@ per forward in ``AttentionInputs`` and shared by every layer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -64,6 +64,12 @@ class AttentionInputs:
     mask: Tensor | None
     causal: bool
     cache: KVCache | None = None
+    #: ``position.prepare(q_pos, k_pos)`` as keyword arguments for its hooks ({} when unused).
+    prepared: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if type(self.position).prepare is not PositionScheme.prepare:
+            self.prepared = {"prepared": self.position.prepare(self.q_pos, self.k_pos)}
 
 
 def self_attention_inputs(
@@ -85,7 +91,7 @@ def self_attention_inputs(
     s = past + t
     device = q_pos.device
     k_pos = q_pos
-    if past:
+    if past and type(position).bias is not PositionScheme.bias:  # only biases read key positions
         cached = cache.positions[:, :past]
         b = max(cached.shape[0], q_pos.shape[0])
         k_pos = torch.cat([cached.expand(b, past), q_pos.expand(b, t)], dim=-1)
@@ -152,10 +158,10 @@ class MultiHeadAttention(nn.Module):
         q, key, value = self._heads(q, h), self._heads(key, k), self._heads(value, k)  # (B, H|K, T, D)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
-        q, key = inputs.position.rotate(q, key, inputs.q_pos, inputs.q_pos)
+        q, key = inputs.position.rotate(q, key, inputs.q_pos, inputs.q_pos, **inputs.prepared)
         if inputs.cache is not None:
             key, value = inputs.cache.write(layer, key, value)  # (B, K, S, D)
-        bias = inputs.position.bias(q, inputs.q_pos, inputs.k_pos)
+        bias = inputs.position.bias(q, inputs.q_pos, inputs.k_pos, **inputs.prepared)
         out = self.score.attend(q, key, value, mask=inputs.mask, bias=bias, causal=inputs.causal,
                                 dropout=self.dropout if self.training else 0.0)
         return self.out_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], h * d))

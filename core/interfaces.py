@@ -154,11 +154,18 @@ class PositionScheme(nn.Module):
         """Absolute schemes add to token embeddings: x (B, T, C), positions (B|1, T) -> (B, T, C)."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    def prepare(self, q_pos: Tensor, k_pos: Tensor):
+        """Optional: work every layer of one forward shares (RoPE's cos/sin tables), done once per
+        forward by the stack. A scheme that overrides it receives the result back as the keyword
+        ``prepared=`` of ``rotate`` and ``bias``; the default returns None and passes nothing."""
+        return None
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor,
+               prepared: object = None) -> tuple[Tensor, Tensor]:
         """Rotary schemes: q (B, H, T, D) at q_pos (B|1, T), k (B, K, T', D) at k_pos (B|1, T')."""
         return q, k
 
-    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: object = None) -> Tensor | None:
         """Additive logit bias (B|1, H, T, S) for q (B, H, T, D) at q_pos (B|1, T) against keys at
         k_pos (B|1, S), or None."""
         return None

@@ -43,11 +43,17 @@ class Alibi(PositionScheme):
         super().__init__(dim, head_dim, heads, max_seq_len)
         self.slopes = alibi_slopes(heads)
 
-    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """−m_h·|q_pos_i − k_pos_j|: q (B, H, T, D), q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S)."""
-        slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q.device)  # (H,)
+    def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The bias depends on positions only: built once per forward, shared by every layer.
+        −m_h·|q_pos_i − k_pos_j| for q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S) float32."""
+        slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_pos.device)  # (H,)
         distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
-        return (-slopes[:, None, None] * distance[:, None]).to(q.dtype)  # (B|1, H, T, S)
+        return -slopes[:, None, None] * distance[:, None]
+
+    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: Tensor | None = None) -> Tensor:
+        """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table)."""
+        table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
+        return table.to(q.dtype)
 
 
 @seqzoo.hookimpl

@@ -73,9 +73,15 @@ class Rope(PositionScheme):
             return cos, sin
         return cos * factor, sin * factor
 
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """q (B, H, T, D) at q_pos (B|1, T) and k (B, K, T', D) at k_pos, both rotated."""
-        cos, sin = self.angles(q_pos)
+    def prepare(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """cos/sin of the forward's new tokens, computed once and shared by every layer."""
+        return self.angles(q_pos)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor,
+               prepared: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """q (B, H, T, D) at q_pos (B|1, T) and k (B, K, T', D) at k_pos, both rotated.
+        ``prepared``: ``prepare``'s cos/sin for q_pos (the core passes it; computed if absent)."""
+        cos, sin = prepared if prepared is not None else self.angles(q_pos)
         q = rotate(q, cos, sin, self.interleaved)
         if k_pos is not q_pos:
             cos, sin = self.angles(k_pos)

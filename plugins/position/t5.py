@@ -65,13 +65,20 @@ class T5RelativeBias(PositionScheme):
         self.max_distance = max_distance
         self.table = nn.Embedding(num_buckets, heads)  # E, (N, H)
 
-    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """E[bucket(k_pos_j − q_pos_i)]: q (B, H, T, D), q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S)."""
+    def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The bias depends on positions only: looked up once per forward, shared by every layer
+        (T5 computes it in the first layer and passes it on). E[bucket(k_pos_j − q_pos_i)] for
+        q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S)."""
         q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
         relative = k_pos[:, None, :] - q_pos[:, :, None]  # (B|1, T, S)
         buckets = relative_bucket(relative, bidirectional=not self.causal,
                                   num_buckets=self.num_buckets, max_distance=self.max_distance)
-        return self.table(buckets).permute(0, 3, 1, 2).to(q.dtype)  # (B|1, H, T, S)
+        return self.table(buckets).permute(0, 3, 1, 2)
+
+    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: Tensor | None = None) -> Tensor:
+        """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s lookup)."""
+        table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
+        return table.to(q.dtype)
 
 
 @seqzoo.hookimpl

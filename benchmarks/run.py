@@ -1,0 +1,297 @@
+"""seqzoo side by side with the models people would otherwise use — same weights, same inputs,
+same machine, one run, reported as ratios of medians of interleaved repeats.
+
+    python benchmarks/run.py            # the full table (several minutes on 2 CPU cores)
+    python benchmarks/run.py --quick    # tiny shapes, a smoke test (what the test suite runs)
+
+Needs transformers (the test extra); x-transformers (the bench extra) is compared when installed.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import seqzoo  # noqa: E402
+from reference_gpt import ReferenceGPT  # noqa: E402
+
+
+@dataclass
+class Shapes:
+    vocab: int = 8192
+    dim: int = 256
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    seq: int = 128
+    batch: int = 8
+    prompt: int = 16
+    new_tokens: int = 64
+    repeats: int = 7
+
+
+QUICK = Shapes(vocab=512, dim=64, layers=2, heads=4, kv_heads=2, seq=32, batch=2, prompt=4, new_tokens=8, repeats=2)
+
+
+@dataclass
+class Table:
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, what: str, ours: float, theirs: dict[str, float], unit: str = "ms",
+            targets: dict[str, float] | None = None) -> None:
+        row = {"what": what, "seqzoo": ours, "unit": unit, "vs": {}}
+        for name, value in theirs.items():
+            ratio = value / ours if ours else float("nan")
+            target = (targets or {}).get(name)
+            row["vs"][name] = {"value": value, "ratio": ratio, "target": target,
+                               "met": None if target is None else ratio >= target}
+        self.rows.append(row)
+        cells = []
+        for name, cell in row["vs"].items():
+            mark = "" if cell["met"] is None else (" ok" if cell["met"] else " MISSED")
+            goal = f" (target >= {cell['target']:.2f}x)" if cell["target"] else ""
+            cells.append(f"{name} {cell['value']:.2f} {unit} = {cell['ratio']:.2f}x{goal}{mark}")
+        print(f"{what:<42} seqzoo {ours:.2f} {unit} | " + " | ".join(cells), flush=True)
+
+
+def interleaved(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median milliseconds of each callable, run in turn ``repeats`` times after one warm-up."""
+    for run in runs.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            gc.collect()
+            start = time.perf_counter()
+            run()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+# -- models ----------------------------------------------------------------------------------------
+def hf_gpt2(s: Shapes):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=s.vocab, n_embd=s.dim, n_layer=s.layers, n_head=s.heads,
+                        n_positions=max(s.seq, s.prompt + s.new_tokens), resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).eval()
+
+
+def hf_llama(s: Shapes):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=s.vocab, hidden_size=s.dim, intermediate_size=4 * s.dim,
+                         num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                         num_key_value_heads=s.kv_heads, max_position_embeddings=max(s.seq, 256),
+                         bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    return LlamaForCausalLM(config).eval()
+
+
+def imported(hf_model) -> torch.nn.Module:
+    """seqzoo's model from the very same weights, through from_hf."""
+    with tempfile.TemporaryDirectory() as folder:
+        hf_model.save_pretrained(folder, safe_serialization=True)
+        return seqzoo.from_hf(folder).eval()
+
+
+def x_transformers_llama(s: Shapes):
+    try:
+        from x_transformers import Decoder, TransformerWrapper
+    except ImportError:
+        return None
+    return TransformerWrapper(
+        num_tokens=s.vocab, max_seq_len=s.seq, use_abs_pos_emb=False,
+        attn_layers=Decoder(dim=s.dim, depth=s.layers, heads=s.heads, attn_kv_heads=s.kv_heads,
+                            rotary_pos_emb=True, ff_glu=True, ff_swish=True, ff_no_bias=True,
+                            use_rmsnorm=True, attn_flash=True)).eval()
+
+
+def logits_of(model, ids):
+    out = model(ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def train_step(model) -> Callable[[torch.Tensor], None]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    model.train()
+
+    def step(ids: torch.Tensor) -> None:
+        logits = logits_of(model, ids[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def train_flops(params: int, s: Shapes) -> float:
+    """≈ 6·N per token for the matmuls, plus attention's 6·L·T·C per token (fwd + bwd)."""
+    tokens = s.batch * (s.seq - 1)
+    return 6 * params * tokens + 6 * s.layers * (s.seq - 1) * s.dim * tokens
+
+
+def matmul_gflops(repeats: int) -> float:
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    ms = interleaved({"mm": lambda: a @ b}, repeats * 3)["mm"]
+    return 2 * 1024 ** 3 / (ms / 1000) / 1e9
+
+
+# -- the benchmarks ----------------------------------------------------------------------------------
+def bench_training(table: Table, s: Shapes) -> None:
+    torch.manual_seed(0)
+    ids = torch.randint(0, s.vocab, (s.batch, s.seq))
+    gpt2_hf = hf_gpt2(s)
+    gpt2_ours = imported(gpt2_hf)
+    reference = ReferenceGPT(s.vocab, s.dim, s.layers, s.heads, max(s.seq, 256))
+    steps = {"seqzoo": train_step(gpt2_ours), "transformers": train_step(gpt2_hf),
+             "reference": train_step(reference)}
+    times = interleaved({k: (lambda f=f: f(ids)) for k, f in steps.items()}, s.repeats)
+    table.add("train step, GPT-2 shape", times["seqzoo"],
+              {"transformers": times["transformers"], "reference": times["reference"]},
+              targets={"transformers": 1.15, "reference": 0.95})
+    params = sum(p.numel() for p in gpt2_ours.parameters())
+    achieved = train_flops(params, s) / (times["seqzoo"] / 1000) / 1e9
+    peak = matmul_gflops(s.repeats)
+    print(f"{'':<42} seqzoo GPT-2 step: {achieved:.1f} GFLOP/s = {achieved / peak:.0%} of a "
+          f"1024² float32 matmul ({peak:.1f} GFLOP/s) in the same run")
+    table.rows[-1]["gflops"] = {"seqzoo": achieved, "matmul": peak}
+
+    llama_hf = hf_llama(s)
+    llama_ours = imported(llama_hf)
+    runs = {"seqzoo": train_step(llama_ours), "transformers": train_step(llama_hf)}
+    x_model = x_transformers_llama(s)
+    if x_model is not None:
+        runs["x-transformers"] = train_step(x_model)
+    times = interleaved({k: (lambda f=f: f(ids)) for k, f in runs.items()}, s.repeats)
+    table.add("train step, LLaMA shape (GQA 4/2)", times["seqzoo"],
+              {k: v for k, v in times.items() if k != "seqzoo"},
+              targets={"transformers": 1.0, "x-transformers": 1.0})
+
+
+def bench_generation(table: Table, s: Shapes) -> None:
+    torch.manual_seed(0)
+    for name, make in (("GPT-2", hf_gpt2), ("LLaMA", hf_llama)):
+        hf_model = make(s)
+        ours = imported(hf_model)
+        for batch in (1, 8):
+            ids = torch.randint(1, s.vocab, (batch, s.prompt))
+
+            def hf_run() -> None:
+                with torch.inference_mode():
+                    hf_model.generate(ids, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
+                                      do_sample=False, pad_token_id=0)
+
+            def our_run() -> None:
+                seqzoo.generate(ours, ids, s.new_tokens)
+
+            times = interleaved({"seqzoo": our_run, "transformers": hf_run}, s.repeats)
+            table.add(f"greedy generate {name}, batch {batch}", times["seqzoo"],
+                      {"transformers": times["transformers"]}, targets={"transformers": 2.0})
+
+
+def peak_memory_mb(fn: Callable[[], object]) -> float:
+    """Peak bytes allocated by CPU tensors during ``fn`` (torch profiler memory events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    current = peak = 0
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    for event in events:
+        current += event.cpu_memory_usage
+        peak = max(peak, current)
+    return peak / 2 ** 20
+
+
+def bench_additive(table: Table, s: Shapes, quick: bool) -> None:
+    t = 128 if quick else 1024
+    width = 32 if quick else 128
+    score = seqzoo.registry().create("score", {"kind": "additive", "hidden": width}, 64, 64, 1).eval()
+    q, k = torch.randn(1, 1, t, 64), torch.randn(1, 1, t, 64)
+
+    def naive() -> torch.Tensor:
+        qp = torch.einsum("bhtd,hda->bhta", q, score.query_weight) + score.bias[:, None]
+        kp = torch.einsum("bhsd,hda->bhsa", k, score.key_weight)
+        return torch.einsum("bhtsa,ha->bhts", torch.tanh(qp[:, :, :, None] + kp[:, :, None]), score.vector)
+
+    with torch.no_grad():
+        torch.testing.assert_close(score.scores(q, k), naive(), atol=1e-4, rtol=1e-4)
+        ours, theirs = peak_memory_mb(lambda: score.scores(q, k)), peak_memory_mb(naive)
+    table.add(f"additive score peak memory, T=S={t}, A={width}", ours, {"naive broadcast": theirs},
+              unit="MiB", targets={"naive broadcast": 8.0})
+
+
+def bench_import(table: Table, s: Shapes) -> None:
+    def timed(code: str) -> Callable[[], None]:
+        return lambda: subprocess.run([sys.executable, "-c", code], check=True)
+
+    times = interleaved({"seqzoo": timed("import seqzoo"), "torch": timed("import torch")},
+                        max(s.repeats, 3))
+    # Here "faster" means lower; the ratio torch/seqzoo must stay >= 1/1.2.
+    table.add("import time", times["seqzoo"], {"import torch": times["torch"]},
+              targets={"import torch": 1 / 1.2})
+
+
+def bench_compile(table: Table, s: Shapes) -> None:
+    """fullgraph compile of the forward (scaled_dot + rope with a scaling) and of the KV-cached
+    decode step; compiled vs eager forward time."""
+    import torch._dynamo
+
+    model = seqzoo.build("tiny-llama", [f"model.vocab_size={s.vocab}", f"model.dim={s.dim}",
+                                        f"model.layers={s.layers}", f"model.attention.heads={s.heads}",
+                                        f"model.attention.kv_heads={s.kv_heads}"], device="cpu").eval()
+    ids = torch.randint(0, s.vocab, (s.batch, s.seq))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        start = time.perf_counter()
+        compiled(ids)
+        compile_s = time.perf_counter() - start
+        times = interleaved({"seqzoo": lambda: compiled(ids), "eager": lambda: model(ids)}, s.repeats)
+    table.add(f"forward compiled (fullgraph; {compile_s:.0f} s to compile)", times["seqzoo"],
+              {"eager": times["eager"]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke test")
+    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    parser.add_argument("--only", nargs="*", choices=["training", "generation", "additive", "import", "compile"])
+    args = parser.parse_args(argv)
+    shapes = QUICK if args.quick else Shapes()
+    wanted = set(args.only or ["training", "generation", "additive", "import"] + ([] if args.quick else ["compile"]))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, shapes {shapes}")
+    table = Table()
+    if "training" in wanted:
+        bench_training(table, shapes)
+    if "generation" in wanted:
+        bench_generation(table, shapes)
+    if "additive" in wanted:
+        bench_additive(table, shapes, args.quick)
+    if "import" in wanted:
+        bench_import(table, shapes)
+    if "compile" in wanted:
+        bench_compile(table, shapes)
+    missed = [r["what"] for r in table.rows for c in r["vs"].values() if c["met"] is False]
+    print("all targets met" if not missed else f"missed: {'; '.join(missed)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"shapes": vars(shapes), "rows": table.rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
