@@ -39,8 +39,12 @@ class TransformerBlock(nn.Module):
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
         if self.placement == "pre":
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+            return x + self._drop(sublayer(norm(x)))
+        return norm(x + self._drop(sublayer(x)))
+
+    def _drop(self, x: Tensor) -> Tensor:
+        # Skipping the module call when it cannot change anything saves per-token overhead.
+        return self.dropout(x) if self.training and self.dropout.p > 0 else x
 
     def forward(self, x: Tensor, inputs: AttentionInputs, layer: int = 0, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None) -> Tensor:

@@ -28,21 +28,20 @@ class CausalSession:
 
     def next(self, tokens: Tensor | None) -> Tensor:
         """tokens (B,) chosen last step, or None for the prompt -> logits (B, V) in float32."""
+        feed = self.ids
         if tokens is not None:
-            tokens = tokens[:, None]
-            self.ids = torch.cat([self.ids, tokens], dim=1)
+            feed = tokens[:, None]
             if self.mask is not None:
-                self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
-        if self.cache is None:
-            feed = self.ids
-        else:
-            feed = self.ids if tokens is None else tokens
+                self.mask = torch.cat([self.mask, self.mask.new_ones(feed.shape)], dim=1)
+            if self.cache is None:  # the uncached reference feeds the whole sequence again
+                self.ids = feed = torch.cat([self.ids, feed], dim=1)
         logits = self.model(feed, attention_mask=self.mask, cache=self.cache, logits_to_keep=1)
         return logits[:, -1].float()
 
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows ``rows`` in that order (beam search)."""
-        self.ids = self.ids.index_select(0, rows)
+        if self.cache is None:
+            self.ids = self.ids.index_select(0, rows)
         if self.mask is not None:
             self.mask = self.mask.index_select(0, rows)
         if self.cache is not None:
