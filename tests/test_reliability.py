@@ -274,7 +274,7 @@ def test_sigkill_during_save_leaves_the_old_or_the_new_file(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         model = seqzoo.load(path)
-        values = {float(p.flatten()[0]) for p in model.parameters()}
+        values = {p.flatten()[0].item() for p in model.parameters()}
         assert values in ({0.0}, {1.0})  # one whole model, never a mix
         survived += 1
     assert survived == 12
