@@ -13,7 +13,7 @@ EXIT_BAD_INPUT = 2
 EXIT_CHECK_FAILED = 1
 
 # Modules that add commands through ``register_cli(add) -> {name: handler}``.
-EXTENSIONS = ("seqzoo.cli_train",)
+EXTENSIONS = ("seqzoo.cli_train", "seqzoo.cli_plots", "seqzoo.hf")
 
 PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "
                "separated by os.pathsep)")

@@ -191,7 +191,7 @@ class Examples:
             count += len(chunk)
         result = {"loss": total / count, "examples": count}
         if self.task.exact_match:
-            predictions = self._answers(_unwrap(model), [p for p, _ in pairs], [a for _, a in pairs], device)
+            predictions = self.answers(_unwrap(model), [p for p, _ in pairs], [a for _, a in pairs], device)
             hits = sum(pred == answer for pred, (_, answer) in zip(predictions, pairs))
             result["accuracy"] = hits / len(pairs)
             result["samples"] = [{"prompt": self.prompt_text(p) if self.family == "causal" else p,
@@ -200,8 +200,9 @@ class Examples:
         model.train(was_training)
         return result
 
-    def _answers(self, model: nn.Module, prompts: list[str], answers: list[str],
-                 device: torch.device) -> list[str]:
+    def answers(self, model: nn.Module, prompts: list[str], answers: list[str],
+                device: torch.device) -> list[str]:
+        """Greedy answers (decoded, up to eos) to ``prompts``; ``answers`` bound the length."""
         from .generation import generate
 
         budget = max(len(self.tokenizer.encode(a)) for a in answers) + 1
@@ -394,6 +395,7 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
                 if config.eval_every and done % config.eval_every == 0 and done != last and history:
                     interim = examples.evaluate(model, config, device)
                     history[-1]["eval"] = {k: v for k, v in interim.items() if k != "samples"}
+                    window_start = time.perf_counter()  # tokens/s measures training, not evaluation
                 if output and config.save_every and done % config.save_every == 0 and done != last:
                     _save(output, model, base, optimizer, done, config, history, dist_info)
                 if stop.requested:

@@ -1,0 +1,99 @@
+"""``seqzoo plot``, ``attention``, ``positions`` and ``experiment``: pictures of training runs,
+attention maps and position schemes, and the experiments of docs/experiments.md (see
+``seqzoo.plots`` and ``seqzoo.experiments``). matplotlib (``pip install 'seqzoo[plot]'``) is
+imported only when one of these commands draws."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def register_cli(add) -> dict:
+    """Add the picture and experiment commands; ``add(name, help=...)`` makes a subparser."""
+    p = add("plot", help="plot loss, held-out accuracy and learning rate from a --metrics JSON")
+    p.add_argument("metrics", help="the JSON file `seqzoo train --metrics` wrote")
+    p.add_argument("-o", "--output", help="PNG to write (default: METRICS with .png)")
+    p.add_argument("--title", help="figure title (default: the file name)")
+
+    p = add("attention", help="per-layer, per-head attention maps of a checkpoint on a prompt")
+    p.add_argument("checkpoint", help="a .safetensors file written by seqzoo")
+    p.add_argument("--prompt", required=True, help="text, encoded with the recipe's tokenizer")
+    p.add_argument("-o", "--output", default="attention.png", help="PNG to write (attention.png)")
+    p.add_argument("--max-new-tokens", type=int, default=32,
+                   help="greedy continuation included in the maps (32; 0 = the prompt only)")
+
+    p = add("positions", help="what a recipe's position scheme does (RoPE wavelengths, bias per distance, tables)")
+    p.add_argument("recipe", help="recipe path or shipped name, or a checkpoint (trained tables)")
+    p.add_argument("-o", "--output", default="positions.png", help="PNG to write (positions.png)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--length", type=int, help="positions / distances to show (default from the recipe)")
+
+    p = add("experiment", help="run an experiment: extrapolation, seq2seq-attention, vanishing-gradients")
+    p.add_argument("name", help="extrapolation | seq2seq-attention | vanishing-gradients")
+    p.add_argument("-o", "--output", metavar="DIR", help="folder for NAME.md, NAME.json, NAME.png "
+                                                         "(default experiments/NAME)")
+    p.add_argument("--quick", action="store_true", help="a tiny version that runs in seconds")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
+    return {"plot": _cmd_plot, "attention": _cmd_attention, "positions": _cmd_positions,
+            "experiment": _cmd_experiment}
+
+
+def _cmd_plot(args) -> int:
+    from .plots import load_metrics, plot_metrics
+
+    metrics = load_metrics(args.metrics)
+    output = args.output or os.path.splitext(args.metrics)[0] + ".png"
+    title = args.title if args.title is not None else os.path.basename(args.metrics)
+    print(f"wrote {plot_metrics(metrics, output, title)}")
+    return 0
+
+
+def _cmd_attention(args) -> int:
+    import seqzoo
+
+    from .errors import InputError
+    from .plots import attention_panels, plot_attention, require_matplotlib
+
+    if args.max_new_tokens < 0:
+        raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    require_matplotlib()  # reported before the model loads
+    model = seqzoo.load(args.checkpoint, device="cpu")
+    panels = attention_panels(model, seqzoo.tokenizer(model), args.prompt, args.max_new_tokens)
+    kind = model.recipe["model"]["kind"]
+    path = plot_attention(panels, args.output, f"{os.path.basename(args.checkpoint)} ({kind}): {args.prompt!r}")
+    print(f"wrote {path} ({len(panels)} attention module{'s' if len(panels) != 1 else ''})")
+    return 0
+
+
+def _cmd_positions(args) -> int:
+    from .errors import InputError
+    from .plots import (PositionPicture, describe_position, plot_positions, position_schemes,
+                        require_matplotlib)
+
+    if args.length is not None and args.length < 2:
+        raise InputError(f"--length must be >= 2, got {args.length}")
+    require_matplotlib()
+    schemes, note = position_schemes(args.recipe, args.overrides)
+    if not schemes:
+        pictures = [PositionPicture("nothing", args.recipe, note="this model has no position scheme "
+                                    "(recurrent models know order from the recurrence): nothing to plot")]
+    else:
+        pictures = []
+        for name, scheme in schemes:
+            pictures.append(describe_position(scheme, name, args.length))
+    path = plot_positions(pictures, args.output, os.path.basename(args.recipe), note)
+    for picture in pictures:
+        if picture.kind == "nothing":
+            print(f"note: {picture.name}: {picture.note}", file=sys.stderr)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_experiment(args) -> int:
+    from .experiments import run_experiment
+
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log)
+    print(f"{result.title}\n\n{result.markdown()}\n\n{result.seconds} s; wrote "
+          f"{paths['md']}, {paths['json']}, {paths['png']}")
+    return 0

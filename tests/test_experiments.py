@@ -1,0 +1,77 @@
+"""`seqzoo experiment`: every experiment's quick mode writes its table (markdown, JSON) and PNG;
+the scoring and the gradient measurement agree with worked examples and the chain rule."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import seqzoo
+from seqzoo.cli import main
+from seqzoo.experiments import EXPERIMENTS, ExperimentResult, _scores, gradient_by_distance
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_quick_mode_writes_table_json_and_png(tmp_path, capsys, name):
+    threads = torch.get_num_threads()
+    assert main(["experiment", name, "--quick", "-o", str(tmp_path)]) == 0
+    assert torch.get_num_threads() == threads  # the run's thread count is put back
+    table = (tmp_path / f"{name}.md").read_text()
+    assert table.startswith(f"# {name}") and "|---|" in table and "Run time:" in table
+    saved = json.loads((tmp_path / f"{name}.json").read_text())
+    assert saved["name"] == name and saved["settings"]["quick"] is True
+    assert len(saved["rows"]) >= 3 and all(len(r) == len(saved["columns"]) for r in saved["rows"])
+    from matplotlib.image import imread
+
+    image = imread(str(tmp_path / f"{name}.png"))
+    assert 350 <= image.shape[0] <= 500 and 600 <= image.shape[1] <= 1100 and image.std() > 0.01
+    assert "|---|" in capsys.readouterr().out  # the table is printed too
+
+
+def test_unknown_experiment_exits_2_with_a_suggestion(tmp_path, capsys):
+    assert main(["experiment", "extrapolaton", "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "seqzoo: error: unknown experiment 'extrapolaton'; did you mean 'extrapolation'?"
+    assert not list(tmp_path.iterdir())
+
+
+def test_bad_thread_count_exits_2(tmp_path, capsys):
+    assert main(["experiment", "vanishing-gradients", "--quick", "--threads", "0", "-o", str(tmp_path)]) == 2
+    assert "threads=0 must be >= 1" in capsys.readouterr().err
+
+
+def test_scores_are_exact_match_and_per_character_accuracy():
+    pairs = [("abc", "abc"), ("ab", "ba"), ("xyz", "zyx")]
+    predictions = ["abc", "bb", "z"]  # right; 1 of 2 characters; 1 of 3 (too short)
+    exact, per_char = _scores(pairs, predictions)
+    assert exact == pytest.approx(1 / 3)
+    assert per_char == pytest.approx((3 + 1 + 1) / 8)
+
+
+def test_markdown_table_formats_small_numbers_in_scientific_form():
+    result = ExperimentResult("x", "t", ["a", "b", "c"], [["rnn", 0.5, 1.25e-5]], {})
+    assert result.markdown().splitlines() == ["| a | b | c |", "|---|---|---|", "| rnn | 0.500 | 1.25e-05 |"]
+
+
+def test_gradient_by_distance_follows_the_chain_rule_for_a_tanh_rnn():
+    """For h_t = tanh(W_ih x_t + b_ih + W_hh h_{t−1} + b_hh) and L = Σ_b u·h_T:
+    ∂L/∂h_T = u and ∂L/∂h_{t−1} = W_hhᵀ ((1 − h_t²) ⊙ ∂L/∂h_t), row by row."""
+    cell = seqzoo.registry().create("cell", "rnn", 3, 5)
+    steps, batch = 6, 2
+    norms = gradient_by_distance(cell, steps, batch, torch.Generator().manual_seed(7))
+    generator = torch.Generator().manual_seed(7)  # the same draws, in the same order
+    x = torch.randn(batch, steps, 3, generator=generator, dtype=torch.float64).float()
+    u = torch.nn.functional.normalize(torch.randn(5, generator=generator, dtype=torch.float64), dim=0).float()
+    with torch.no_grad():
+        h, hs = torch.zeros(batch, 5), []
+        for t in range(steps):
+            h = torch.tanh(x[:, t] @ cell.weight_ih.T + cell.bias_ih + h @ cell.weight_hh.T + cell.bias_hh)
+            hs.append(h)
+        grad, expected = u.expand(batch, 5), []
+        for t in reversed(range(steps)):
+            expected.append(grad.norm(dim=-1).mean())
+            grad = ((1 - hs[t] ** 2) * grad) @ cell.weight_hh
+    torch.testing.assert_close(norms, torch.stack(expected), rtol=1e-5, atol=1e-7)
