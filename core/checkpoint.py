@@ -262,17 +262,17 @@ def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor])
     # was altered after saving.
     dtypes = sorted(f"{n} {str(stored[n].dtype)[6:]} != {str(t.dtype)[6:]}"
                     for n, t in expected.items() if n in stored and stored[n].dtype != t.dtype)
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_few(unexpected)}")
-    if shapes:
-        problems.append(f"wrong shapes (stored != recipe): {_few(shapes)}")
-    if dtypes:
-        problems.append(f"wrong dtypes (stored != recipe): {_few(dtypes)}")
+    problems = mismatches(missing, unexpected, shapes, dtypes, against="recipe")
     if problems:
         raise CheckpointError(f"{path}: weights do not match the recipe: " + "; ".join(problems))
+
+
+def mismatches(missing: list[str], unexpected: list[str], shapes: list[str], dtypes: list[str] = (),
+               *, against: str) -> list[str]:
+    """Tensor mismatches by name, a few of each kind, as phrases for one error message."""
+    kinds = [("missing tensors", missing), ("unexpected tensors", unexpected),
+             (f"wrong shapes (stored != {against})", shapes), (f"wrong dtypes (stored != {against})", dtypes)]
+    return [f"{what}: {_few(list(names))}" for what, names in kinds if names]
 
 
 def _few(items: list[str], n: int = 5) -> str:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from .checkpoint import _few, mismatches
 from .errors import CheckpointError, SeqzooError
 
 CONFIG = "config.json"
@@ -479,21 +480,11 @@ def _check_weights(converter: HFConverter, config: dict, folder: Path, model: nn
                         and not any(p.search(n) for p in ignored))
     shapes = sorted(f"{n} {weights.shape(names[n])} != {shape}" for n, shape in expected.items()
                     if n in names and weights.shape(names[n]) != shape)
-    if missing:
-        problems.append(f"missing tensors: {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_few(unexpected)}")
-    if shapes:
-        problems.append(f"wrong shapes (stored != config): {_few(shapes)}")
+    problems += mismatches(missing, unexpected, shapes, against="config")
     if problems:
         raise CheckpointError(f"{folder}: weights do not match its {converter.model_type} config: "
                               + "; ".join(problems))
     return names
-
-
-def _few(items: list[str], n: int = 5) -> str:
-    more = f" and {len(items) - n} more" if len(items) > n else ""
-    return ", ".join(items[:n]) + more
 
 
 # -- export ----------------------------------------------------------------------------------------
