@@ -257,6 +257,14 @@ def _merge(base: dict, child: dict, path: tuple, where: dict) -> None:
             base[key] = copy.deepcopy(value)
 
 
+def _key_paths(data: dict, prefix: tuple = ()):
+    """Every key path of nested mappings, parents first."""
+    for key, value in data.items():
+        yield (*prefix, key)
+        if isinstance(value, dict):
+            yield from _key_paths(value, (*prefix, key))
+
+
 def _apply_override(source: _Source, override: str, index: int) -> None:
     label = f"--set[{index}]"
     key, sep, text = override.partition("=")
@@ -299,6 +307,8 @@ def resolve(recipe: str | os.PathLike | dict, overrides: list[str] | None = None
             merged = _load_file(base, inner, (base.resolve(),), _label(base))
             source.where.update(inner.where)
             _merge(merged, source.data, (), source.where)
+            # Keys the dict itself sets are reported as the dict's, not the base file's lines.
+            source.where.update({path: ("<recipe>", 1) for path in _key_paths(source.data)})
             source.data = merged
     else:
         path = _find(os.fspath(recipe), None)

@@ -198,3 +198,11 @@ def test_scientific_notation_without_a_dot_is_a_number():
     assert data["model"]["norm"]["eps"] == 1e-12
     with pytest.raises(seqzoo.RecipeError, match=r"model\.norm\.eps: expected a number, got 'e-12'"):
         resolve("tiny-gpt", ["model.norm={kind: layernorm, eps: e-12}"])
+
+
+def test_dict_recipe_extending_a_file_reports_its_own_keys_as_the_dict():
+    with pytest.raises(seqzoo.RecipeError, match=r"^<recipe>:1: model\.attention\.score: unknown score 'scaled_dt'"):
+        resolve({"extends": "tiny-gpt", "model": {"attention": {"heads": 4, "score": "scaled_dt"}}})
+    # a key the dict does not set keeps the base file's line
+    with pytest.raises(seqzoo.RecipeError, match=r"tiny-gpt\.yaml:\d+: model\.attention\.heads: dim=30 must be divisible by heads=4"):
+        resolve({"extends": "tiny-gpt", "model": {"dim": 30}})
