@@ -171,6 +171,20 @@ class PositionScheme(nn.Module):
         return None
 
 
+class PositionBias(PositionScheme):
+    """A scheme whose logit bias depends on positions only (ALiBi, T5 buckets): it writes
+    ``prepare(q_pos, k_pos) -> (B|1, H, T, S)``, built once per forward and shared by every layer;
+    ``bias`` hands that table back in the query's dtype."""
+
+    def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement prepare(q_pos, k_pos)")
+
+    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: Tensor | None = None) -> Tensor:
+        """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table)."""
+        table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
+        return table.to(q.dtype)
+
+
 class RopeScaling(nn.Module):
     """A RoPE context-extension rule (kind ``rope_scaling``, the ``scaling:`` of ``rope``).
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 import seqzoo
-from seqzoo.interfaces import PositionScheme
+from seqzoo.interfaces import PositionBias
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -32,7 +32,7 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return q_pos[:, :, None] - k_pos[:, None, :]
 
 
-class Alibi(PositionScheme):
+class Alibi(PositionBias):
     """Linear distance penalties per head; no recipe parameters and no learned weights.
 
     The slopes are recomputed in float32 on every call (never a buffer), so casting the model to
@@ -49,11 +49,6 @@ class Alibi(PositionScheme):
         slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_pos.device)  # (H,)
         distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
         return -slopes[:, None, None] * distance[:, None]
-
-    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: Tensor | None = None) -> Tensor:
-        """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table)."""
-        table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
-        return table.to(q.dtype)
 
 
 @seqzoo.hookimpl

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import PositionScheme
+from seqzoo.interfaces import PositionBias
 from seqzoo.schema import PositiveInt
 
 
@@ -42,7 +42,7 @@ def relative_bucket(relative_position: Tensor, *, bidirectional: bool, num_bucke
     return offset + torch.where(n < max_exact, n, log_bucket)
 
 
-class T5RelativeBias(PositionScheme):
+class T5RelativeBias(PositionBias):
     """A learned per-head scalar for each bucket of relative distance, one table per stack.
 
     num_buckets: buckets N (32); encoders use N/2 per direction. max_distance: the distance from
@@ -74,11 +74,6 @@ class T5RelativeBias(PositionScheme):
         buckets = relative_bucket(relative, bidirectional=not self.causal,
                                   num_buckets=self.num_buckets, max_distance=self.max_distance)
         return self.table(buckets).permute(0, 3, 1, 2)
-
-    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: Tensor | None = None) -> Tensor:
-        """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s lookup)."""
-        table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
-        return table.to(q.dtype)
 
 
 @seqzoo.hookimpl
