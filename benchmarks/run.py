@@ -124,13 +124,29 @@ def logits_of(model, ids):
     return out.logits if hasattr(out, "logits") else out
 
 
-def train_step(model) -> Callable[[torch.Tensor], None]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+def loss_of(model, ids) -> torch.Tensor:
+    """Next-token loss the way each library computes it: seqzoo ``targets=`` (LM head fused with
+    the loss), transformers ``labels=`` (it shifts inside), others logits + F.cross_entropy."""
+    inputs, targets = ids[:, :-1], ids[:, 1:].contiguous()
+    if type(model).__module__.startswith("seqzoo"):
+        return model(inputs, targets=targets)
+    if type(model).__module__.startswith("transformers"):
+        # shift_labels: the targets as given, so every model sees the same 127 positions.
+        return model(inputs, labels=inputs, shift_labels=targets).loss
+    return F.cross_entropy(logits_of(model, inputs).flatten(0, 1), targets.flatten())
+
+
+def train_step(model, *, own_loss: bool = True) -> Callable[[torch.Tensor], None]:
+    """forward, loss, backward, AdamW — fused AdamW for every model (transformers' Trainer
+    default, ``adamw_torch_fused``, and seqzoo's trainer's)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     model.train()
 
     def step(ids: torch.Tensor) -> None:
-        logits = logits_of(model, ids[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        if own_loss:
+            loss = loss_of(model, ids)
+        else:
+            loss = F.cross_entropy(logits_of(model, ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -158,11 +174,15 @@ def bench_training(table: Table, s: Shapes) -> None:
     gpt2_ours = imported(gpt2_hf)
     reference = ReferenceGPT(s.vocab, s.dim, s.layers, s.heads, max(s.seq, 256))
     steps = {"seqzoo": train_step(gpt2_ours), "transformers": train_step(gpt2_hf),
-             "reference": train_step(reference)}
+             "reference": train_step(reference),
+             "seqzoo, logits + F.cross_entropy": train_step(gpt2_ours, own_loss=False)}
     times = interleaved({k: (lambda f=f: f(ids)) for k, f in steps.items()}, s.repeats)
+    # The plugin seams alone: the same logits + F.cross_entropy as the hand-written reference.
+    table.add("train step, GPT-2, same math as reference", times["seqzoo, logits + F.cross_entropy"],
+              {"reference": times["reference"]}, targets={"reference": 0.95})
     table.add("train step, GPT-2 shape", times["seqzoo"],
               {"transformers": times["transformers"], "reference": times["reference"]},
-              targets={"transformers": 1.15, "reference": 0.95})
+              targets={"transformers": 1.15})
     params = sum(p.numel() for p in gpt2_ours.parameters())
     achieved = train_flops(params, s) / (times["seqzoo"] / 1000) / 1e9
     peak = matmul_gflops(s.repeats)

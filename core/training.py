@@ -6,6 +6,7 @@ with those, so a resumed run needs no data-loader state and N steps equal k step
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -136,6 +137,8 @@ class Examples:
         self.eos = tokenizer.eos_id
         self.bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
         self.pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
+        # Models whose forward takes ``targets=`` return the loss without building the logits.
+        self.fused_loss = "targets" in inspect.signature(type(model).forward).parameters
 
     def prompt_text(self, prompt: str) -> str:
         """What a causal model is prompted with at evaluation (and by the user afterwards)."""
@@ -165,14 +168,16 @@ class Examples:
         labels, _ = _pad(labels, IGNORE)
         return {"ids": ids.to(device), "labels": labels.to(device)}
 
-    def logits(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def logits(self, model: nn.Module, batch: dict[str, Tensor], **kwargs) -> Tensor:
         if self.family == "seq2seq":
             tgt = batch["tgt"].clone()
             tgt[:, 0] = _unwrap(model).decoder_start_id
-            return model(batch["src"], tgt, src_mask=batch["src_mask"])
-        return model(batch["ids"])
+            return model(batch["src"], tgt, src_mask=batch["src_mask"], **kwargs)
+        return model(batch["ids"], **kwargs)
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        if self.fused_loss:  # the model fuses its LM head with the loss (seqzoo.losses)
+            return self.logits(model, batch, targets=batch["labels"])
         logits = self.logits(model, batch)
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)
 
@@ -301,7 +306,10 @@ def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     vectors = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": matrices, "weight_decay": config.weight_decay},
               {"params": vectors, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), foreach=True)
+    # The fused kernel (CPU and CUDA) is one pass over each parameter instead of foreach's several.
+    fused = all(p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in model.parameters())
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
+                             fused=fused or None, foreach=None if fused else True)
 
 
 def train_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:

@@ -12,6 +12,7 @@ from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
 from seqzoo.generation import CausalSession
 from seqzoo.init import init_weights
+from seqzoo.losses import linear_cross_entropy
 from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec
 
 
@@ -58,17 +59,21 @@ class DecoderLM(nn.Module):
 
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
-                logits_to_keep: int = 0) -> Tensor:
+                logits_to_keep: int = 0, targets: Tensor | None = None) -> Tensor:
         """input_ids (B, T) -> logits (B, T, V) (the last ``logits_to_keep`` positions if > 0).
 
         attention_mask (B, S): 1 for real tokens over all S = cached + T keys (left padding is
         fine: positions then count real tokens only). positions (B|1, T): explicit absolute
-        positions. cache: a ``new_cache`` to read and extend.
+        positions. cache: a ``new_cache`` to read and extend. targets (B, T): the next token of
+        every position, already shifted (nanoGPT's convention; -100 = no loss) — then the result
+        is the mean cross-entropy, computed with the LM head fused in (no (B, T, V) logits).
         """
         x = self.embed(input_ids)  # (B, T, C)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         x = self.decoder(x, attention_mask=attention_mask, positions=positions, cache=cache)
+        if targets is not None:
+            return linear_cross_entropy(x, self.lm_head.weight, targets, self.lm_head.bias)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return self.lm_head(x)  # (B, T, V)

@@ -13,6 +13,7 @@ from seqzoo.attention import AttentionConfig, check_attention
 from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
 from seqzoo.init import init_weights
+from seqzoo.losses import linear_cross_entropy
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec
 
 
@@ -71,18 +72,25 @@ class EncoderDecoder(nn.Module):
         return self.encoder(self._embed(src_ids), attention_mask=src_mask, positions=positions)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
-               cache: KVCache | None = None, logits_to_keep: int = 0) -> Tensor:
-        """tgt_ids (B, T) against memory (B, S, C) -> logits (B, T, V)."""
+               cache: KVCache | None = None, logits_to_keep: int = 0,
+               targets: Tensor | None = None) -> Tensor:
+        """tgt_ids (B, T) against memory (B, S, C) -> logits (B, T, V), or with targets (B, T)
+        the mean cross-entropy against them (see ``forward``)."""
         x = self.decoder(self._embed(tgt_ids), cache=cache, memory=memory, memory_mask=src_mask)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         if self.head_scale != 1.0:
             x = x * self.head_scale
+        if targets is not None:
+            return linear_cross_entropy(x, self.lm_head.weight, targets, self.lm_head.bias)
         return self.lm_head(x)
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """Teacher-forced logits: src_ids (B, S), tgt_ids (B, T) -> (B, T, V)."""
-        return self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask)
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None, *,
+                targets: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits: src_ids (B, S), tgt_ids (B, T) -> (B, T, V). targets (B, T):
+        the token each decoder position must predict (-100 = no loss) — then the result is the
+        mean cross-entropy, with the LM head fused in (no (B, T, V) logits)."""
+        return self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, targets=targets)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         weight = self.embed.weight

@@ -1,0 +1,117 @@
+"""The fused LM-head cross-entropy equals F.cross_entropy over materialised logits — value and
+gradients — and the models' ``targets=`` path equals their logits path."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import seqzoo
+from seqzoo.losses import linear_cross_entropy
+
+
+def _reference(hidden, weight, targets, bias=None):
+    logits = F.linear(hidden, weight, bias).float()
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=-100)
+
+
+def _grads(fn, *tensors):
+    for t in tensors:
+        t.grad = None
+    loss = fn()
+    loss.backward()
+    return loss.detach(), [t.grad.clone() for t in tensors]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("chunk_rows", [None, 1, 7, 64])
+def test_matches_cross_entropy_value_and_gradients(bias, chunk_rows):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 21, 16, requires_grad=True)  # 63 rows: chunks of 7 and 64 leave remainders
+    weight = (torch.randn(50, 16) * 0.3).requires_grad_()
+    b = torch.randn(50, requires_grad=True) if bias else None
+    targets = torch.randint(0, 50, (3, 21))
+    targets[0, :5] = -100
+    targets[2, -1] = -100
+    params = [hidden, weight] + ([b] if bias else [])
+    want, want_grads = _grads(lambda: _reference(hidden, weight, targets, b), *params)
+    got, got_grads = _grads(lambda: linear_cross_entropy(hidden, weight, targets, b, chunk_rows=chunk_rows),
+                            *params)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(1)
+    hidden = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(11, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([0, 3, -100, 10, 4, 4, -100, 1, 7])
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: linear_cross_entropy(h, w, targets, b, chunk_rows=4), (hidden, weight, bias))
+    # and through a second backward with a non-unit upstream gradient
+    assert torch.autograd.gradcheck(
+        lambda h, w: 3.0 * linear_cross_entropy(h, w, targets, chunk_rows=2), (hidden, weight))
+
+
+def test_without_grad_and_all_ignored():
+    torch.manual_seed(2)
+    hidden, weight = torch.randn(6, 8), torch.randn(20, 8)
+    targets = torch.randint(0, 20, (6,))
+    torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets), _reference(hidden, weight, targets))
+    with torch.no_grad():
+        w = weight.clone().requires_grad_()
+        torch.testing.assert_close(linear_cross_entropy(hidden, w, targets), _reference(hidden, weight, targets))
+    ignored = torch.full((6,), -100)
+    assert torch.isnan(linear_cross_entropy(hidden, weight, ignored))
+    assert torch.isnan(_reference(hidden, weight, ignored))  # the same convention as torch
+    with pytest.raises(ValueError, match="targets hold 5 positions"):
+        linear_cross_entropy(hidden, weight, targets[:5])
+
+
+def test_only_some_inputs_need_gradients():
+    torch.manual_seed(3)
+    hidden = torch.randn(10, 8, requires_grad=True)
+    weight = torch.randn(30, 8)  # frozen head
+    targets = torch.randint(0, 30, (10,))
+    _, (want,) = _grads(lambda: _reference(hidden, weight, targets), hidden)
+    _, (got,) = _grads(lambda: linear_cross_entropy(hidden, weight, targets, chunk_rows=3), hidden)
+    torch.testing.assert_close(got, want)
+    assert weight.grad is None
+
+
+def test_bfloat16_autocast_close_to_float32():
+    torch.manual_seed(4)
+    hidden = torch.randn(32, 16, requires_grad=True)
+    weight = (torch.randn(40, 16) * 0.2).requires_grad_()
+    targets = torch.randint(0, 40, (32,))
+    want, want_grads = _grads(lambda: _reference(hidden, weight, targets), hidden, weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, got_grads = _grads(lambda: linear_cross_entropy(hidden, weight, targets, chunk_rows=8), hidden, weight)
+    assert got.dtype == torch.float32 and got_grads[1].dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-3)
+
+
+@pytest.mark.parametrize("recipe", ["tiny-gpt", "tiny-llama", "tiny-t5", "tiny-transformer"])
+def test_models_targets_equal_logits_loss(recipe):
+    torch.manual_seed(5)
+    model = seqzoo.build(recipe, device="cpu").train()
+    vocab = model.vocab_size
+    ids = torch.randint(0, vocab, (3, 12))
+    targets = torch.randint(0, vocab, (3, 12))
+    targets[:, :4] = -100
+    params = [p for p in model.parameters() if p.requires_grad]
+    if hasattr(model, "encode"):
+        src = torch.randint(0, vocab, (3, 9))
+        logits_fn = lambda **kw: model(src, ids, **kw)  # noqa: E731
+    else:
+        logits_fn = lambda **kw: model(ids, **kw)  # noqa: E731
+    torch.manual_seed(6)
+    want, want_grads = _grads(
+        lambda: F.cross_entropy(logits_fn().flatten(0, 1), targets.flatten(), ignore_index=-100), *params)
+    torch.manual_seed(6)
+    got, got_grads = _grads(lambda: logits_fn(targets=targets), *params)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
