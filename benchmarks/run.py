@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import seqzoo  # noqa: E402
@@ -202,7 +203,9 @@ def bench_training(table: Table, s: Shapes) -> None:
               targets={"transformers": 1.0, "x-transformers": 1.0})
 
 
-def bench_generation(table: Table, s: Shapes) -> None:
+def bench_generation(table: Table, s: Shapes, quick: bool) -> None:
+    """seqzoo.generate with its compiled static-cache decode step (eager in --quick, which skips
+    compiling) and eagerly, against transformers' generate with its default cache."""
     torch.manual_seed(0)
     for name, make in (("GPT-2", hf_gpt2), ("LLaMA", hf_llama)):
         hf_model = make(s)
@@ -210,17 +213,26 @@ def bench_generation(table: Table, s: Shapes) -> None:
         for batch in (1, 8):
             ids = torch.randint(1, s.vocab, (batch, s.prompt))
 
-            def hf_run() -> None:
+            def hf_run() -> Tensor:
                 with torch.inference_mode():
-                    hf_model.generate(ids, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
-                                      do_sample=False, pad_token_id=0)
+                    return hf_model.generate(ids, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
+                                             do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
 
-            def our_run() -> None:
-                seqzoo.generate(ours, ids, s.new_tokens)
+            def our_run(compile: bool = not quick) -> Tensor:
+                return seqzoo.generate(ours, ids, s.new_tokens, compile=compile)
 
-            times = interleaved({"seqzoo": our_run, "transformers": hf_run}, s.repeats)
-            table.add(f"greedy generate {name}, batch {batch}", times["seqzoo"],
-                      {"transformers": times["transformers"]}, targets={"transformers": 2.0})
+            start = time.perf_counter()
+            first = our_run()  # compiles (once per model structure and batch size)
+            compile_s = time.perf_counter() - start
+            assert torch.equal(first, hf_run()) and torch.equal(first, our_run(False)), "outputs differ"
+            times = interleaved({"seqzoo": our_run, "eager": lambda: our_run(False), "transformers": hf_run},
+                                s.repeats)
+            how = "eager: --quick" if quick else f"compiled step, {compile_s:.0f} s first call"
+            table.add(f"greedy generate {name}, batch {batch} ({how})", times["seqzoo"],
+                      {"transformers": times["transformers"], "seqzoo eager": times["eager"]},
+                      targets={"transformers": 2.0})
+            table.add(f"eager generate {name}, batch {batch}", times["eager"],
+                      {"transformers": times["transformers"]})
 
 
 def peak_memory_mb(fn: Callable[[], object]) -> float:
@@ -299,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if "training" in wanted:
         bench_training(table, shapes)
     if "generation" in wanted:
-        bench_generation(table, shapes)
+        bench_generation(table, shapes, args.quick)
     if "additive" in wanted:
         bench_additive(table, shapes, args.quick)
     if "import" in wanted:

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .cache import KVCache
+from .linear import Linear
 from .interfaces import PositionScheme
 from .schema import Depth, PositiveInt, Probability, SchemaError, Size, Spec
 
@@ -115,6 +116,19 @@ def self_attention_inputs(
     return AttentionInputs(position, q_pos, k_pos, mask, False, cache)
 
 
+def static_attention_inputs(position: PositionScheme, q_pos: Tensor, cache: KVCache, *,
+                            window: int | None = None) -> AttentionInputs:
+    """One new token per row, written at the ``slot`` of a static cache: it attends over all
+    max_len slots, masked to the valid ones (causality holds by construction: later slots are
+    not valid yet). Fixed shapes and no Python number read from the cache, so a compiled decode
+    step never recompiles. q_pos (B|1, 1)."""
+    valid = cache.write_static(q_pos)  # (B, max_len)
+    if window is not None:
+        slots = torch.arange(cache.max_len, device=valid.device)
+        valid = valid & (cache.slot - slots < window)
+    return AttentionInputs(position, q_pos, cache.positions, valid[:, None, None, :], False, cache)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with H query heads and K key/value heads (MHA, GQA, MQA).
 
@@ -134,12 +148,12 @@ class MultiHeadAttention(nn.Module):
         self.cross = cross
         h, k, d = self.heads, self.kv_heads, self.head_dim
         if cross:
-            self.q_proj = nn.Linear(dim, h * d, bias=attention.bias)
-            self.kv_proj = nn.Linear(memory_dim or dim, 2 * k * d, bias=attention.bias)
+            self.q_proj = Linear(dim, h * d, bias=attention.bias)
+            self.kv_proj = Linear(memory_dim or dim, 2 * k * d, bias=attention.bias)
         else:
-            self.qkv_proj = nn.Linear(dim, (h + 2 * k) * d, bias=attention.bias)
+            self.qkv_proj = Linear(dim, (h + 2 * k) * d, bias=attention.bias)
         out_bias = attention.bias if attention.out_bias is None else attention.out_bias
-        self.out_proj = nn.Linear(h * d, dim, bias=out_bias)
+        self.out_proj = Linear(h * d, dim, bias=out_bias)
         self.score = registry().create("score", attention.score, query_dim=d, key_dim=d, heads=h)
         if attention.qk_norm is not None:
             self.q_norm = registry().create("norm", attention.qk_norm, d)

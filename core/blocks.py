@@ -10,7 +10,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .attention import AttentionConfig, AttentionInputs, MultiHeadAttention, self_attention_inputs
+from .attention import (AttentionConfig, AttentionInputs, MultiHeadAttention, self_attention_inputs,
+                        static_attention_inputs)
 from .cache import KVCache
 from .errors import InputError
 from .registry import registry
@@ -109,21 +110,30 @@ class TransformerStack(nn.Module):
         cross-attention of ``cross`` stacks.
         """
         t = x.shape[1]
-        past = cache.length if cache is not None else 0
-        if cache is not None:
-            cache.check_room(t)
-        limit = self.position.max_positions
-        if limit is not None and past + t > limit:
-            raise InputError(f"sequence of {past + t} tokens exceeds the {limit} positions of the "
-                             f"learned position table (model.max_seq_len={limit})")
-        if positions is None:
-            positions = self.positions(t, attention_mask=attention_mask, cache=cache, device=x.device)
-        x = self.drop(self.embed_norm(self.position.embed(x, positions)))
-        inputs = self_attention_inputs(self.position, positions, causal=self.causal, cache=cache,
-                                       key_padding=attention_mask, window=self.window)
+        static = cache is not None and cache.slot is not None
+        if static:
+            # A static decode step (see KVCache.make_static): the caller checked room and limits
+            # and passes the positions; nothing here may depend on the cache's Python length.
+            if t != 1 or positions is None:
+                raise InputError("a static KV cache decodes one token per step at given positions")
+            x = self.drop(self.embed_norm(self.position.embed(x, positions)))
+            inputs = static_attention_inputs(self.position, positions, cache, window=self.window)
+        else:
+            past = cache.length if cache is not None else 0
+            if cache is not None:
+                cache.check_room(t)
+            limit = self.position.max_positions
+            if limit is not None and past + t > limit:
+                raise InputError(f"sequence of {past + t} tokens exceeds the {limit} positions of the "
+                                 f"learned position table (model.max_seq_len={limit})")
+            if positions is None:
+                positions = self.positions(t, attention_mask=attention_mask, cache=cache, device=x.device)
+            x = self.drop(self.embed_norm(self.position.embed(x, positions)))
+            inputs = self_attention_inputs(self.position, positions, causal=self.causal, cache=cache,
+                                           key_padding=attention_mask, window=self.window)
         cross_mask = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None
         for layer, block in enumerate(self.blocks):
             x = block(x, inputs, layer, memory, cross_mask)
-        if cache is not None:
+        if cache is not None and not static:
             cache.advance(positions)
         return self.final_norm(x)

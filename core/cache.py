@@ -1,8 +1,13 @@
 """A preallocated key/value cache for incremental decoding.
 
-Keys and values of every layer live in one (layers, B, K, max_len, D) buffer written in place, so
-decoding allocates nothing per step. Positions are kept per slot so position schemes can read the
+Keys and values of each layer live in a (B, K, max_len, D) buffer written in place, so decoding
+allocates nothing per step. (One buffer per layer, not one for all: a compiled step then mutates
+its inputs directly, where a view into a shared buffer would make the compiler copy all of it.) Positions are kept per slot so position schemes can read the
 absolute position of every cached key.
+
+A cache can switch to *static* decoding (``make_static``): every later step writes its one token
+at the slot held in a tensor and attends over the whole buffer, masked by ``valid``. Then no shape
+and no Python number changes from step to step, so ``torch.compile`` traces the decode step once.
 """
 from __future__ import annotations
 
@@ -19,10 +24,16 @@ class KVCache:
                  *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
                  value_dim: int | None = None) -> None:
         self.max_len = max_len
-        self.k = torch.zeros(layers, batch, kv_heads, max_len, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros(layers, batch, kv_heads, max_len, value_dim or head_dim, device=device, dtype=dtype)
+        self.k = [torch.zeros(batch, kv_heads, max_len, head_dim, device=device, dtype=dtype)
+                  for _ in range(layers)]
+        self.v = [torch.zeros(batch, kv_heads, max_len, value_dim or head_dim, device=device, dtype=dtype)
+                  for _ in range(layers)]
         self.positions = torch.zeros(batch, max_len, dtype=torch.long, device=device)
         self.length = 0
+        #: Static decoding: the slot (1,) the next token goes to, and which slots (B, max_len)
+        #: hold real keys. None while the cache grows by slicing.
+        self.slot: Tensor | None = None
+        self.valid: Tensor | None = None
         # Per-layer extras (cross-attention keys/values of an encoder memory), keyed by layer.
         self.memory: dict[int, tuple[Tensor, Tensor]] = {}
 
@@ -35,11 +46,16 @@ class KVCache:
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, K, T, D) after the cached slots of ``layer``; return all keys and values
-        so far, (B, K, length + T, D), as views of the buffer."""
+        so far, (B, K, length + T, D), as views of the buffer. A static cache writes one token at
+        ``slot`` and returns the whole buffer (B, K, max_len, D)."""
+        if self.slot is not None:
+            self.k[layer].index_copy_(2, self.slot, k)
+            self.v[layer].index_copy_(2, self.slot, v)
+            return self.k[layer], self.v[layer]
         start, end = self.length, self.length + k.shape[2]
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.k[layer][:, :, start:end] = k
+        self.v[layer][:, :, start:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def advance(self, positions: Tensor) -> None:
         """Record the positions (B|1, T) of the tokens just written by every layer."""
@@ -47,10 +63,31 @@ class KVCache:
         self.positions[:, self.length:self.length + t] = positions
         self.length += t
 
+    def make_static(self, key_padding: Tensor | None = None) -> None:
+        """Switch to static decoding after the prompt: slots ``[0, length)`` are valid where
+        ``key_padding`` (B, length) is 1 (all of them when None)."""
+        self.valid = torch.zeros(self.positions.shape, dtype=torch.bool, device=self.positions.device)
+        self.valid[:, :self.length] = True if key_padding is None else key_padding[:, -self.length:].bool()
+        self.slot = torch.tensor([self.length], device=self.positions.device)
+
+    def write_static(self, positions: Tensor) -> Tensor:
+        """Static decoding: record the position (B|1, 1) of the token at ``slot`` before the layers
+        run -> the boolean (B, max_len) slots it may attend to. Reads no Python number."""
+        self.positions.index_copy_(1, self.slot, positions.expand(self.positions.shape[0], 1))
+        self.valid.index_fill_(1, self.slot, True)
+        return self.valid
+
+    def step_static(self) -> None:
+        """After a static decode step ran every layer: the next token goes to the next slot."""
+        self.length += 1
+        self.slot += 1
+
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows ``rows`` (B',) in that order — beam search follows its surviving beams."""
-        self.k = self.k.index_select(1, rows)
-        self.v = self.v.index_select(1, rows)
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
         self.positions = self.positions.index_select(0, rows)
+        if self.valid is not None:
+            self.valid = self.valid.index_select(0, rows)
         self.memory = {layer: (k.index_select(0, rows), v.index_select(0, rows))
                        for layer, (k, v) in self.memory.items()}

@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="recompute the prefix every step")
     p.add_argument("--device", help="cpu, cuda, auto (default: the recipe's runtime.device)")
     p.add_argument("--beam-size", type=int, help="beam search with this many beams")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through a torch.compile'd static-cache step (decoder-only models; "
+                        "pays a one-off compilation, worth it for long outputs)")
 
     for module in EXTENSIONS:  # command groups that live beside the code they drive
         COMMANDS.update(importlib.import_module(module).register_cli(add))
@@ -223,7 +226,8 @@ def _cmd_generate(args) -> int:
     ids = torch.tensor([prompt], device=device)
     out = seqzoo.generate(model, ids, args.max_new_tokens, use_cache=not args.no_cache,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          eos_id=tokenizer.eos_id, seed=args.seed, beam_size=args.beam_size)
+                          eos_id=tokenizer.eos_id, seed=args.seed, beam_size=args.beam_size,
+                          compile=args.compile)
     new = out[0, len(prompt):].tolist()
     if args.ids is not None:
         print(",".join(str(i) for i in out[0].tolist()))

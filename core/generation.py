@@ -8,6 +8,8 @@ output starts with (the prompt for decoder-only models, the decoder start token 
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor, nn
 
@@ -16,18 +18,36 @@ from .errors import InputError
 
 class CausalSession:
     """Decoding state of a decoder-only model: its KV cache, or (``use_cache=False``) the whole
-    sequence so far, recomputed every step (kept as the reference the cached path must equal)."""
+    sequence so far, recomputed every step (kept as the reference the cached path must equal).
+
+    ``static``: after the prompt the cache turns static (``KVCache.make_static``) — every step has
+    the same shapes; ``compile`` (implies static) runs those steps through ``torch.compile``.
+    """
 
     def __init__(self, model: nn.Module, input_ids: Tensor, max_new_tokens: int, use_cache: bool,
-                 attention_mask: Tensor | None = None) -> None:
+                 attention_mask: Tensor | None = None, *, static: bool = False, compile: bool = False) -> None:
         self.model = model
         self.prefix = self.ids = input_ids
         self.mask = attention_mask
-        self.cache = model.new_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens) \
-            if use_cache else None
+        self.static = static or compile
+        self.step = _compiled_decode_step() if compile else _decode_step
+        if self.static and not use_cache:
+            raise InputError("static and compiled decoding need the KV cache (use_cache=True)")
+        max_len = input_ids.shape[1] + max_new_tokens
+        if self.static:  # a few fixed lengths, so prompts of nearby lengths share a compiled step
+            max_len = -(-max_len // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP
+        self.cache = model.new_cache(input_ids.shape[0], max_len) if use_cache else None
+        self.next_position: Tensor | None = None
 
     def next(self, tokens: Tensor | None) -> Tensor:
         """tokens (B,) chosen last step, or None for the prompt -> logits (B, V) in float32."""
+        if self.next_position is not None:  # a static step: fixed shapes, positions given
+            self.cache.check_room(1)
+            self._check_positions()
+            logits = self.step(self.model, tokens[:, None], self.next_position, self.cache)
+            self.cache.step_static()
+            self.next_position += 1
+            return logits
         feed = self.ids
         if tokens is not None:
             feed = tokens[:, None]
@@ -36,7 +56,19 @@ class CausalSession:
             if self.cache is None:  # the uncached reference feeds the whole sequence again
                 self.ids = feed = torch.cat([self.ids, feed], dim=1)
         logits = self.model(feed, attention_mask=self.mask, cache=self.cache, logits_to_keep=1)
+        if self.static:  # the prompt is in: every later step has the same shapes
+            self.cache.make_static(self.mask)
+            if self.mask is None:
+                self.next_position = torch.full((1, 1), feed.shape[1], device=feed.device)
+            else:  # positions count real tokens only (left padding)
+                self.next_position = self.mask.long().sum(-1, keepdim=True)
         return logits[:, -1].float()
+
+    def _check_positions(self) -> None:
+        limit = getattr(self.model, "max_positions", None)
+        if limit is not None and self.cache.length + 1 > limit:
+            raise InputError(f"sequence of {self.cache.length + 1} tokens exceeds the {limit} positions "
+                             f"of the learned position table (model.max_seq_len={limit})")
 
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows ``rows`` in that order (beam search)."""
@@ -46,6 +78,29 @@ class CausalSession:
             self.mask = self.mask.index_select(0, rows)
         if self.cache is not None:
             self.cache.reorder(rows)
+        if self.next_position is not None and self.next_position.shape[0] > 1:
+            self.next_position = self.next_position.index_select(0, rows)
+
+
+#: Static caches are sized up to a multiple of this many tokens.
+STATIC_LENGTH_STEP = 32
+
+
+def _decode_step(model: nn.Module, tokens: Tensor, positions: Tensor, cache) -> Tensor:
+    """One static decode step: tokens (B, 1) at positions (B|1, 1) -> next-token logits (B, V)."""
+    return model(tokens, positions=positions, cache=cache, logits_to_keep=1)[:, -1].float()
+
+
+_COMPILED = None
+
+
+def _compiled_decode_step():
+    """``_decode_step`` through torch.compile, made once per process: dynamo keeps one graph per
+    shape (batch, cache length) and model structure, so later generations reuse it."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(_decode_step, dynamic=False)
+    return _COMPILED
 
 
 def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: float | None,
@@ -74,7 +129,7 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              eos_id: int | None = None, seed: int | None = None,
              attention_mask: Tensor | None = None, beam_size: int | None = None,
-             length_penalty: float = 1.0) -> Tensor:
+             length_penalty: float = 1.0, compile: bool = False) -> Tensor:
     """Continue ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + new).
 
     For encoder–decoder models ``input_ids`` is the source and the output is the decoded target
@@ -87,6 +142,11 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     ``beam_size`` switches to beam search (``length_penalty`` α ranks finished hypotheses by
     log p / length^α; beam 1 is greedy).
 
+    ``compile`` (decoder-only models): after the prompt, decode with a static KV cache, each step
+    compiled by ``torch.compile`` — the same tokens, faster per token; the first call for a model
+    structure, batch size and (rounded) length pays the compilation (seconds to tens of seconds
+    on a CPU), later ones reuse it.
+
     A list of 1-D prompts of any lengths is padded into one batch (on the side the model masks:
     ``model.prompt_padding``) and answered with a list of 1-D tensors — each prompt (the decoder
     start token for seq2seq models) followed by its new tokens, up to and including ``eos_id``,
@@ -95,7 +155,8 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     if isinstance(input_ids, (list, tuple)):
         return _generate_list(model, list(input_ids), max_new_tokens, use_cache=use_cache,
                               temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
-                              seed=seed, beam_size=beam_size, length_penalty=length_penalty)
+                              seed=seed, beam_size=beam_size, length_penalty=length_penalty,
+                              compile=compile)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -110,6 +171,11 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
         raise InputError(f"top_p must be in (0, 1], got {top_p}")
     if beam_size is not None and beam_size < 1:
         raise InputError(f"beam_size must be >= 1, got {beam_size}")
+    if compile and beam_size is not None:
+        raise InputError("compile=True decodes greedily or by sampling; beam search runs eagerly")
+    if compile and "compile" not in inspect.signature(model.start_generation).parameters:
+        raise InputError(f"compile=True needs a decoder-only model with a static KV cache; "
+                         f"{type(model).__name__} decodes eagerly only")
     if max_new_tokens == 0:
         return input_ids
     was_training = model.training
@@ -124,7 +190,9 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     generator = None
     if seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-    session = model.start_generation(input_ids, max_new_tokens, use_cache, attention_mask=attention_mask)
+    options = {"compile": True} if compile else {}
+    session = model.start_generation(input_ids, max_new_tokens, use_cache, attention_mask=attention_mask,
+                                     **options)
     out = [session.prefix]
     done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     token = None

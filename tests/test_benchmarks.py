@@ -18,6 +18,7 @@ def test_run_quick_prints_every_comparison(tmp_path):
     assert any(n.startswith("train step, GPT-2") for n in names)
     assert any(n.startswith("train step, LLaMA") for n in names)
     assert sum(n.startswith("greedy generate") for n in names) == 4
+    assert sum(n.startswith("eager generate") for n in names) == 4
     assert any(n.startswith("additive score peak memory") for n in names)
     assert any(n == "import time" for n in names)
     gpt2 = next(row for row in rows if row["what"] == "train step, GPT-2 shape")

@@ -94,6 +94,14 @@ def test_generate_rejects_ids_outside_the_vocabulary(tmp_path, capsys):
     assert "outside the vocabulary [0, 259)" in capsys.readouterr().err
 
 
+def test_generate_compile_on_a_seq2seq_model_is_one_clear_line(tmp_path, capsys):
+    assert main(["build", "tiny-t5", "-o", str(tmp_path / "t5.safetensors")]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "t5.safetensors"), "--ids", "1,2", "--compile"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "compile=True needs a decoder-only model" in err and "\n" not in err
+
+
 def test_show_llama2_7b_by_path_counts_without_allocating(capsys):
     from pathlib import Path
 

@@ -1,5 +1,6 @@
 """torch.compile(fullgraph=True): no graph break in decoder_lm with scaled_dot + rope under every
-scaling, nor in a KV-cached decode step. Compiling takes ~10 s a graph on 2 CPU cores: slow."""
+scaling, nor in the static KV-cache decode step (traced once, reused every step and call).
+Compiling takes ~10 s a graph on 2 CPU cores: slow."""
 from __future__ import annotations
 
 import pytest
@@ -24,14 +25,62 @@ def test_forward_compiles_without_graph_breaks(scaling):
 
 
 @pytest.mark.slow
-def test_kv_cached_decode_step_compiles_without_graph_breaks():
-    model = seqzoo.build("tiny-llama", device="cpu").eval()
+@pytest.mark.parametrize("recipe", ["tiny-gpt", "tiny-llama", "tiny-mistral", "tiny-bloom"])
+def test_static_decode_step_compiles_whole_and_once(recipe):
+    """The static decode step: one graph (fullgraph), traced once for all later steps."""
+    from torch._dynamo.utils import counters
+
+    from seqzoo.generation import CausalSession, _decode_step
+
+    model = seqzoo.build(recipe, device="cpu").eval()
     torch._dynamo.reset()
-    step = torch.compile(model, fullgraph=True, dynamic=False)
-    ids = torch.randint(0, 256, (2, 8))
-    with torch.no_grad():
-        full = model(ids)
-        cache = model.new_cache(2, 8)
-        step(ids[:, :7], cache=cache)
-        last = step(ids[:, 7:], cache=cache)
-    torch.testing.assert_close(last[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+    counters.clear()
+    step = torch.compile(_decode_step, fullgraph=True, dynamic=False)
+    ids = torch.randint(1, 256, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.inference_mode():
+        eager = CausalSession(model, ids, 12, True, mask, static=True)
+        compiled = CausalSession(model, ids, 12, True, mask, static=True)
+        compiled.step = step
+        token = None
+        for _ in range(12):
+            want = eager.next(token)
+            got = compiled.next(token)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            token = want.argmax(-1)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.slow
+def test_generate_compiled_equals_eager_and_reuses_the_graph():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    for recipe in ("tiny-gpt", "tiny-llama"):
+        model = seqzoo.build(recipe, device="cpu").eval()
+        prompts = [torch.randint(1, 256, (n,)) for n in (3, 9, 6)]
+        eager = seqzoo.generate(model, prompts, 20, eos_id=None)
+        for _ in range(2):  # the second call reuses the compiled step
+            compiled = seqzoo.generate(model, prompts, 20, compile=True)
+            assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
+        ids = torch.randint(1, 256, (1, 5))
+        sampled = seqzoo.generate(model, ids, 15, temperature=0.8, top_k=20, seed=3, compile=True)
+        assert torch.equal(sampled, seqzoo.generate(model, ids, 15, temperature=0.8, top_k=20, seed=3))
+    # one graph per (model structure, batch size): gpt b=3, gpt b=1, llama b=3, llama b=1
+    assert counters["stats"]["unique_graphs"] == 4
+
+
+@pytest.mark.slow
+def test_cli_generate_compile_gives_the_same_ids(tmp_path, capsys):
+    from seqzoo.cli import main
+
+    assert main(["build", "tiny-gpt", "-o", str(tmp_path / "m.safetensors")]) == 0
+    capsys.readouterr()
+    runs = []
+    for extra in ([], ["--compile"]):
+        assert main(["generate", str(tmp_path / "m.safetensors"), "--ids", "5,6,7", "--max-new-tokens", "9",
+                     *extra]) == 0
+        runs.append(capsys.readouterr().out.strip())
+    assert runs[0] == runs[1] and len(runs[0].split(",")) == 12

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import FeedForward
+from seqzoo.linear import Linear
 from seqzoo.schema import Spec
 
 
@@ -58,9 +59,9 @@ class GLU(FeedForward):
                 f"{self.variant}: hidden={hidden} must be a multiple of multiple_of={multiple_of}; "
                 f"use hidden={rounded}, or hidden: null to derive it")
         self.hidden = hidden
-        self.gate = nn.Linear(dim, hidden, bias=bias)
-        self.up = nn.Linear(dim, hidden, bias=bias)
-        self.down = nn.Linear(hidden, dim, bias=bias)
+        self.gate = Linear(dim, hidden, bias=bias)
+        self.up = Linear(dim, hidden, bias=bias)
+        self.down = Linear(hidden, dim, bias=bias)
         self.activation = seqzoo.registry().create("activation", activation)
         self.dropout = nn.Dropout(dropout)
 

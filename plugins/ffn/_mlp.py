@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.interfaces import FeedForward
+from seqzoo.linear import Linear
 from seqzoo.schema import Spec
 
 
@@ -24,8 +25,8 @@ class MLP(FeedForward):
                  bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__(dim)
         self.hidden = hidden or 4 * dim
-        self.up = nn.Linear(dim, self.hidden, bias=bias)
-        self.down = nn.Linear(self.hidden, dim, bias=bias)
+        self.up = Linear(dim, self.hidden, bias=bias)
+        self.down = Linear(self.hidden, dim, bias=bias)
         self.activation = seqzoo.registry().create("activation", activation)
         self.dropout = nn.Dropout(dropout)
 

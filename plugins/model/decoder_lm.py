@@ -12,6 +12,7 @@ from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
 from seqzoo.generation import CausalSession
 from seqzoo.init import init_weights
+from seqzoo.linear import Linear
 from seqzoo.losses import linear_cross_entropy
 from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec
 
@@ -40,7 +41,7 @@ class DecoderLM(nn.Module):
         self.embed = nn.Embedding(vocab_size, dim)
         self.decoder = TransformerStack(dim, layers, max_seq_len, attention, ffn, norm, position,
                                         placement, dropout, causal=True, embed_norm=embed_norm)
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, layers, residual_names=("out_proj", "down"))
         self.tie_weights()
 
@@ -51,6 +52,11 @@ class DecoderLM(nn.Module):
     def tie_weights(self) -> None:
         if self.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most positions the position scheme can encode (a learned table), or None."""
+        return self.decoder.position.max_positions
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_len`` tokens."""
@@ -79,8 +85,10 @@ class DecoderLM(nn.Module):
         return self.lm_head(x)  # (B, T, V)
 
     def start_generation(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
-                         attention_mask: Tensor | None = None) -> CausalSession:
-        return CausalSession(self, input_ids, max_new_tokens, use_cache, attention_mask)
+                         attention_mask: Tensor | None = None, *, static: bool = False,
+                         compile: bool = False) -> CausalSession:
+        return CausalSession(self, input_ids, max_new_tokens, use_cache, attention_mask,
+                             static=static, compile=compile)
 
 
 @seqzoo.hookimpl

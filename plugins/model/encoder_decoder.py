@@ -13,6 +13,7 @@ from seqzoo.attention import AttentionConfig, check_attention
 from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
 from seqzoo.init import init_weights
+from seqzoo.linear import Linear
 from seqzoo.losses import linear_cross_entropy
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec
 
@@ -46,7 +47,7 @@ class EncoderDecoder(nn.Module):
                                         position, placement, dropout, causal=False)
         self.decoder = TransformerStack(dim, decoder_layers, max_seq_len, attention, ffn, norm,
                                         position, placement, dropout, causal=True, cross=True)
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, encoder_layers + decoder_layers, residual_names=("out_proj", "down"))
         self.tie_weights()
 

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.init import init_weights
+from seqzoo.linear import Linear
 from seqzoo.recurrent import RecurrentStack
 from seqzoo.schema import Depth, PositiveFloat, Probability, SchemaError, Size, Spec
 
@@ -41,7 +42,7 @@ class RNNLM(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.rnn = RecurrentStack(dim, hidden, cell, layers=layers, dropout=dropout)
         outputs = vocab_size if head == "lm" else (num_classes or 1)
-        self.head = nn.Linear(hidden, outputs, bias=head != "lm")
+        self.head = Linear(hidden, outputs, bias=head != "lm")
         init_weights(self, init_std, layers)
         self.tie_weights()
 

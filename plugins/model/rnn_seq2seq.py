@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.init import init_weights
+from seqzoo.linear import Linear
 from seqzoo.recurrent import RecurrentStack
 from seqzoo.schema import (Depth, NonNegativeInt, PositiveFloat, Probability, SchemaError, Size,
                            Spec, UnitInterval)
@@ -56,16 +57,16 @@ class RNNSeq2Seq(nn.Module):
                                       bidirectional=bidirectional)
         directions = 2 if bidirectional else 1
         # A bidirectional encoder's states are 2H wide: project them to the decoder's H.
-        self.memory_proj = nn.Linear(directions * hidden, hidden) if bidirectional else None
-        self.bridge = nn.Linear(directions * hidden, hidden) if bidirectional else None
+        self.memory_proj = Linear(directions * hidden, hidden) if bidirectional else None
+        self.bridge = Linear(directions * hidden, hidden) if bidirectional else None
         self.attention = None
         context = 0
         if attention != "none":
             self.attention = seqzoo.registry().create("score", attention, hidden, hidden, 1)
             context = hidden
         self.decoder = RecurrentStack(dim + context, hidden, cell, layers=layers, dropout=dropout)
-        self.readout = nn.Linear(hidden + context + dim, dim)
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.readout = Linear(hidden + context + dim, dim)
+        self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, layers)
         self.tie_weights()
         #: Attention weights (B, T, S) of the last forward or decode, for plotting.
