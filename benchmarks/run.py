@@ -155,6 +155,60 @@ def train_step(model, *, own_loss: bool = True) -> Callable[[torch.Tensor], None
     return step
 
 
+# -- training: every model in its own process ------------------------------------------------------
+# Models timed in one process disturb each other through the allocator: the 32 MiB logits of one
+# model's step are mmap'd and page-faulted differently depending on what the other left behind,
+# which moved single-process medians by ±15%. So each training run gets a fresh process, and the
+# processes take turns (round after round) so that drift of the machine hits every model alike.
+TRAINEES = ["gpt2/seqzoo", "gpt2/transformers", "gpt2/reference", "gpt2/seqzoo-logits",
+            "llama/seqzoo", "llama/transformers", "llama/x-transformers"]
+
+
+def make_trainee(name: str, s: Shapes) -> tuple[torch.nn.Module, bool] | None:
+    """(model, trained through its library's own loss?) — seqzoo-logits is seqzoo's model trained
+    through logits + F.cross_entropy, the reference's exact math. None if not installed."""
+    family, who = name.split("/")
+    torch.manual_seed(0)  # the same weights in every process
+    if who == "reference":
+        return ReferenceGPT(s.vocab, s.dim, s.layers, s.heads, max(s.seq, 256)), True
+    if who == "x-transformers":
+        model = x_transformers_llama(s)
+        return None if model is None else (model, True)
+    hf_model = (hf_gpt2 if family == "gpt2" else hf_llama)(s)
+    if who == "transformers":
+        return hf_model, True
+    return imported(hf_model), who == "seqzoo"
+
+
+def train_worker(name: str, s: Shapes, steps: int) -> list[float]:
+    """Milliseconds of ``steps`` training steps of one model, after two warm-up steps."""
+    made = make_trainee(name, s)
+    if made is None:
+        return []
+    step = train_step(made[0], own_loss=made[1])
+    ids = torch.randint(0, s.vocab, (s.batch, s.seq), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        step(ids)
+    times = []
+    for _ in range(steps):
+        gc.collect()
+        start = time.perf_counter()
+        step(ids)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def isolated_medians(names: list[str], s: Shapes, quick: bool) -> dict[str, float]:
+    rounds, steps = (1, 2) if quick else (3, max(3, s.repeats // 2 + 1))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            command = [sys.executable, __file__, "--worker", name, "--steps", str(steps)] + (["--quick"] if quick else [])
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
+            times[name] += json.loads(out.stdout.strip().splitlines()[-1])
+    return {name: statistics.median(values) for name, values in times.items() if values}
+
+
 def train_flops(params: int, s: Shapes) -> float:
     """≈ 6·N per token for the matmuls, plus attention's 6·L·T·C per token (fwd + bwd)."""
     tokens = s.batch * (s.seq - 1)
@@ -168,38 +222,22 @@ def matmul_gflops(repeats: int) -> float:
 
 
 # -- the benchmarks ----------------------------------------------------------------------------------
-def bench_training(table: Table, s: Shapes) -> None:
-    torch.manual_seed(0)
-    ids = torch.randint(0, s.vocab, (s.batch, s.seq))
-    gpt2_hf = hf_gpt2(s)
-    gpt2_ours = imported(gpt2_hf)
-    reference = ReferenceGPT(s.vocab, s.dim, s.layers, s.heads, max(s.seq, 256))
-    steps = {"seqzoo": train_step(gpt2_ours), "transformers": train_step(gpt2_hf),
-             "reference": train_step(reference),
-             "seqzoo, logits + F.cross_entropy": train_step(gpt2_ours, own_loss=False)}
-    times = interleaved({k: (lambda f=f: f(ids)) for k, f in steps.items()}, s.repeats)
+def bench_training(table: Table, s: Shapes, quick: bool) -> None:
+    times = isolated_medians(TRAINEES, s, quick)
     # The plugin seams alone: the same logits + F.cross_entropy as the hand-written reference.
-    table.add("train step, GPT-2, same math as reference", times["seqzoo, logits + F.cross_entropy"],
-              {"reference": times["reference"]}, targets={"reference": 0.95})
-    table.add("train step, GPT-2 shape", times["seqzoo"],
-              {"transformers": times["transformers"], "reference": times["reference"]},
+    table.add("train step, GPT-2, same math as reference", times["gpt2/seqzoo-logits"],
+              {"reference": times["gpt2/reference"]}, targets={"reference": 0.95})
+    table.add("train step, GPT-2 shape", times["gpt2/seqzoo"],
+              {"transformers": times["gpt2/transformers"], "reference": times["gpt2/reference"]},
               targets={"transformers": 1.15})
-    params = sum(p.numel() for p in gpt2_ours.parameters())
-    achieved = train_flops(params, s) / (times["seqzoo"] / 1000) / 1e9
+    params = sum(p.numel() for p in make_trainee("gpt2/seqzoo", s)[0].parameters())
+    achieved = train_flops(params, s) / (times["gpt2/seqzoo"] / 1000) / 1e9
     peak = matmul_gflops(s.repeats)
     print(f"{'':<42} seqzoo GPT-2 step: {achieved:.1f} GFLOP/s = {achieved / peak:.0%} of a "
           f"1024² float32 matmul ({peak:.1f} GFLOP/s) in the same run")
     table.rows[-1]["gflops"] = {"seqzoo": achieved, "matmul": peak}
-
-    llama_hf = hf_llama(s)
-    llama_ours = imported(llama_hf)
-    runs = {"seqzoo": train_step(llama_ours), "transformers": train_step(llama_hf)}
-    x_model = x_transformers_llama(s)
-    if x_model is not None:
-        runs["x-transformers"] = train_step(x_model)
-    times = interleaved({k: (lambda f=f: f(ids)) for k, f in runs.items()}, s.repeats)
-    table.add("train step, LLaMA shape (GQA 4/2)", times["seqzoo"],
-              {k: v for k, v in times.items() if k != "seqzoo"},
+    others = {who: times[f"llama/{who}"] for who in ("transformers", "x-transformers") if f"llama/{who}" in times}
+    table.add("train step, LLaMA shape (GQA 4/2)", times["llama/seqzoo"], others,
               targets={"transformers": 1.0, "x-transformers": 1.0})
 
 
@@ -303,13 +341,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke test")
     parser.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     parser.add_argument("--only", nargs="*", choices=["training", "generation", "additive", "import", "compile"])
+    parser.add_argument("--worker", choices=TRAINEES, help=argparse.SUPPRESS)  # one isolated training run
+    parser.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     shapes = QUICK if args.quick else Shapes()
+    if args.worker:
+        print(json.dumps(train_worker(args.worker, shapes, args.steps)))
+        return 0
     wanted = set(args.only or ["training", "generation", "additive", "import"] + ([] if args.quick else ["compile"]))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, shapes {shapes}")
     table = Table()
     if "training" in wanted:
-        bench_training(table, shapes)
+        bench_training(table, shapes, args.quick)
     if "generation" in wanted:
         bench_generation(table, shapes, args.quick)
     if "additive" in wanted:

@@ -3,13 +3,15 @@
 ``F.cross_entropy(head(hidden), targets)`` writes N·V logits, reads them back for log-softmax,
 writes an N·V gradient and reads it twice more in the head's backward — at N = 1024 tokens and a
 vocabulary of 8192 that is four passes over 32 MiB, more than the head's matmuls cost on a CPU.
-Here the rows go through the head in chunks small enough to stay in cache: each chunk's logits
-become its softmax in place, the softmax minus the one-hot target is the logits' gradient, and that
-gradient is multiplied straight into the hidden states' and the head's gradients. The loss is a
+Here the rows go through the head in chunks of bounded size: each chunk's logits become their
+exponentials in place, and the gradient softmax − one_hot is multiplied straight into the hidden
+states' and the head's gradients without ever being written out. The loss is a
 scalar, so its backward only scales the gradients computed in the forward (the approach of Liger
 Kernel's and torchtune's chunked losses).
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -21,58 +23,99 @@ from torch import Tensor
 CHUNK_ELEMENTS = 2 ** 23
 
 
+_local = threading.local()
+
+
+def _workspace(numel: int, like: Tensor) -> Tensor:
+    """A float32 buffer of ``numel`` elements on like's device. On the CPU one buffer per thread is
+    kept between calls: a fresh 32 MiB allocation is mmap'd and page-faulted anew every step,
+    which costs more than the softmax; CUDA's caching allocator already reuses memory."""
+    if like.device.type != "cpu":
+        return like.new_empty(numel)
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _local.buffer = like.new_empty(numel)
+    return buffer[:numel]
+
+
+#: exp without a max shift is exact while a column's sum of exponentials stays in this range;
+#: columns outside it (a logit above ~88, or all below ~-46) are recomputed with the shift.
+_SAFE_MASS = (1e-20, 1e30)
+
+
+def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, exact: torch.dtype,
+            out: Tensor | None) -> Tensor:
+    """Vocabulary-major logits (V, n) for rows h (n, C): W @ hᵀ runs ~25% faster than h @ Wᵀ on
+    CPU BLAS for a tall W, and both gradient products then read it without a transpose."""
+    if out is not None:
+        return torch.mm(weight, h.t(), out=out)
+    if bias is None:
+        return (weight @ h.t()).to(exact)
+    return torch.addmm(bias[:, None], weight, h.t()).to(exact)
+
+
 def _chunked(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, ignore_index: int,
              rows: int, need: tuple[bool, bool, bool]) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Summed loss over rows (N, C) and, for the inputs ``need`` names (hidden, weight, bias), the
-    gradients of that sum — chunk by chunk."""
+    gradients of that sum — chunk by chunk.
+
+    Per chunk the logits are exponentiated in place (one pass) and summed per position (one
+    more); the gradient softmax − one_hot is never written out: its normalisation 1/Σexp is
+    folded into the small (n, C) operands and results, and the one-hot part is an index_add of
+    rows. Ignored positions get a zero scale.
+    """
     need_hidden, need_weight, need_bias = need
     exact = torch.promote_types(weight.dtype, torch.float32)  # softmax and sums: float32 or better
     total = torch.zeros((), dtype=exact, device=hidden.device)
     grad_hidden = torch.empty_like(hidden) if need_hidden else None
     grad_weight = torch.empty_like(weight, dtype=exact) if need_weight else None
     grad_bias = torch.zeros_like(bias, dtype=exact) if need_bias else None
-    # Plain float32 writes every chunk's logits into one reused buffer; mixed precision goes
-    # through the autocast-aware ops.
-    reuse = hidden.dtype == weight.dtype == torch.float32 and bias is None \
+    # Plain float32 writes every chunk's logits into one reused buffer and multiplies the
+    # unnormalised exponentials directly; lower precisions normalise before casting down.
+    plain = hidden.dtype == weight.dtype == exact == torch.float32 and bias is None \
         and not torch.is_autocast_enabled(hidden.device.type)
     vocab = weight.shape[0]
-    buffer = hidden.new_empty(vocab * min(rows, hidden.shape[0])) if reuse else None
+    buffer = _workspace(vocab * min(rows, hidden.shape[0]), hidden) if plain else None
     for start in range(0, hidden.shape[0], rows):
         h, t = hidden[start:start + rows], targets[start:start + rows]
         n = h.shape[0]
-        # Vocabulary-major logits (V, n): W @ hᵀ runs ~25% faster than h @ Wᵀ on CPU BLAS for a
-        # tall W, and both gradient products below then read it without a transpose.
-        if reuse:
-            logits = torch.mm(weight, h.t(), out=buffer[:vocab * n].view(vocab, n))
-        elif bias is None:
-            logits = (weight @ h.t()).to(exact)
-        else:
-            logits = torch.addmm(bias[:, None], weight, h.t()).to(exact)
+        logits = _logits(h, weight, bias, exact, buffer[:vocab * n].view(vocab, n) if plain else None)
         real = t != ignore_index
-        safe = torch.where(real, t, 0)[None, :]
-        picked = logits.gather(0, safe)[0]
-        # One exp over the chunk: shift by each column's max, exponentiate in place, normalise.
-        top = logits.amax(dim=0, keepdim=True)
-        grad = logits.sub_(top).exp_()
-        mass = grad.sum(dim=0, keepdim=True)
-        total += ((top + mass.log())[0] - picked).mul_(real).sum()
+        safe = torch.where(real, t, 0)
+        picked = logits.gather(0, safe[None])[0]
+        expo = logits.exp_()
+        mass = expo.sum(dim=0)
+        shift = torch.zeros_like(mass)
+        unsafe = ~((mass >= _SAFE_MASS[0]) & (mass <= _SAFE_MASS[1]))
+        if bool(unsafe.any()):  # rare: redo those positions shifted by their largest logit
+            cols = unsafe.nonzero()[:, 0]
+            redo = _logits(h[cols], weight, bias, exact, None)
+            shift[cols] = redo.amax(dim=0)
+            expo[:, cols] = (redo - shift[cols]).exp_()
+            mass[cols] = expo[:, cols].sum(dim=0)
+        total += ((mass.log() + shift - picked) * real).sum()
         if not any(need):
             continue
-        # d(sum of losses)/d(logits) = softmax - one_hot(target), zero on ignored positions.
-        grad.div_(mass)
-        grad.scatter_add_(0, safe, -real[None].to(grad.dtype))
-        grad.mul_(real[None])
-        grad = grad.to(hidden.dtype)
-        if need_hidden and reuse:
-            torch.mm(grad.t(), weight, out=grad_hidden[start:start + n])
-        elif need_hidden:
-            grad_hidden[start:start + n] = grad.t() @ weight.to(grad.dtype)
-        if need_weight and start == 0:
-            torch.mm(grad.to(exact), h.to(exact), out=grad_weight)
-        elif need_weight:
-            grad_weight.addmm_(grad.to(exact), h.to(exact))
+        # d(loss)/d(logits) = expo / mass − one_hot(target), zero on ignored positions.
+        scale = torch.where(real, mass.reciprocal(), 0.0)  # (n,)
+        if plain:
+            probs, hs = expo, h * scale[:, None]  # fold 1/mass into the rows
+        else:
+            probs, hs = expo.mul_(scale).to(hidden.dtype), h  # ≤ 1: safe in half precision
+        if need_hidden:
+            out = grad_hidden[start:start + n]
+            if plain:
+                torch.mm(probs.t(), weight, out=out).mul_(scale[:, None])
+            else:
+                out.copy_(probs.t() @ weight.to(probs.dtype))
+            index = real.nonzero()[:, 0]
+            out.index_add_(0, index, weight[safe[index]].to(out.dtype), alpha=-1)
+        if need_weight:  # the first chunk writes, later ones add
+            grad_weight.addmm_(probs.to(exact), hs.to(exact), beta=1 if start else 0)
+            grad_weight.index_add_(0, safe[real], h[real].to(exact), alpha=-1)
         if need_bias:
-            grad_bias += grad.sum(1, dtype=exact)
+            grad_bias += probs.sum(1, dtype=exact)
+            grad_bias.index_add_(0, safe[real], torch.ones_like(safe[real], dtype=exact), alpha=-1)
     return total, grad_hidden, grad_weight, grad_bias
 
 

@@ -40,6 +40,43 @@ def test_matches_cross_entropy_value_and_gradients(bias, chunk_rows):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("logit_scale", [300.0, -1.0])
+def test_extreme_logits_fall_back_to_the_shifted_softmax(logit_scale):
+    """Logits far above exp's range (300) or all far below it (a -300 offset): the chunks whose
+    exponentials overflow or vanish are recomputed shifted and still match F.cross_entropy."""
+    torch.manual_seed(7)
+    hidden = torch.randn(12, 8, requires_grad=True)
+    weight = torch.randn(30, 8)
+    if logit_scale > 0:
+        weight = weight * logit_scale
+        hidden_in = hidden
+    else:
+        hidden_in = torch.cat([hidden, torch.ones(12, 1)], dim=1)
+        weight = torch.cat([weight, torch.full((30, 1), -300.0)], dim=1)
+    weight.requires_grad_()
+    targets = torch.randint(0, 30, (12,))
+    want, want_grads = _grads(lambda: _reference(hidden_in, weight, targets), hidden, weight)
+    got, got_grads = _grads(lambda: linear_cross_entropy(hidden_in, weight, targets, chunk_rows=5),
+                            hidden, weight)
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_half_precision_model_stays_finite():
+    torch.manual_seed(8)
+    hidden = (torch.randn(16, 8) * 4).half().requires_grad_()
+    weight = (torch.randn(24, 8) * 4).half().requires_grad_()  # logits up to ~100: exp overflows fp16
+    targets = torch.randint(0, 24, (16,))
+    want, want_grads = _grads(lambda: _reference(hidden.float(), weight.float(), targets), hidden, weight)
+    got, got_grads = _grads(lambda: linear_cross_entropy(hidden, weight, targets, chunk_rows=6), hidden, weight)
+    assert got_grads[0].dtype == torch.float16 and got_grads[1].dtype == torch.float16
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-2)
+
+
 def test_gradcheck_float64():
     torch.manual_seed(1)
     hidden = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
