@@ -159,7 +159,8 @@ def train_step(model, *, own_loss: bool = True) -> Callable[[torch.Tensor], None
 # Models timed in one process disturb each other through the allocator: the 32 MiB logits of one
 # model's step are mmap'd and page-faulted differently depending on what the other left behind,
 # which moved single-process medians by ±15%. So each training run gets a fresh process, and the
-# processes take turns (round after round) so that drift of the machine hits every model alike.
+# processes take turns (round after round) so that drift of the machine hits every model alike;
+# the figure is the median over all steps of all of a model's processes.
 TRAINEES = ["gpt2/seqzoo", "gpt2/transformers", "gpt2/reference", "gpt2/seqzoo-logits",
             "llama/seqzoo", "llama/transformers", "llama/x-transformers"]
 
@@ -199,7 +200,9 @@ def train_worker(name: str, s: Shapes, steps: int) -> list[float]:
 
 
 def isolated_medians(names: list[str], s: Shapes, quick: bool) -> dict[str, float]:
-    rounds, steps = (1, 2) if quick else (3, max(3, s.repeats // 2 + 1))
+    # A process's own median varies by ±5% with where its memory lands (measured: 200–223 ms for
+    # the same GPT-2 step in six processes), so many short processes beat a few long ones.
+    rounds, steps = (1, 2) if quick else (s.repeats, 4)
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:

@@ -124,12 +124,11 @@ def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: floa
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.inference_mode()
 def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              eos_id: int | None = None, seed: int | None = None,
              attention_mask: Tensor | None = None, beam_size: int | None = None,
-             length_penalty: float = 1.0, compile: bool = False) -> Tensor:
+             length_penalty: float = 1.0, compile: bool = False) -> Tensor | list[Tensor]:
     """Continue ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + new).
 
     For encoder–decoder models ``input_ids`` is the source and the output is the decoded target
@@ -152,6 +151,19 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     start token for seq2seq models) followed by its new tokens, up to and including ``eos_id``,
     with no padding; each equals what generating that prompt alone gives.
     """
+    with torch.inference_mode():
+        out = _generate(model, input_ids, max_new_tokens, use_cache=use_cache, temperature=temperature,
+                        top_k=top_k, top_p=top_p, eos_id=eos_id, seed=seed, attention_mask=attention_mask,
+                        beam_size=beam_size, length_penalty=length_penalty, compile=compile)
+    # Plain tensors out (a copy of B·T ids): inference-mode tensors cannot enter autograd, and
+    # generated ids are often fed straight back into a training step.
+    return [row.clone() for row in out] if isinstance(out, list) else out.clone()
+
+
+def _generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens: int, *, use_cache: bool,
+              temperature: float, top_k: int | None, top_p: float | None, eos_id: int | None,
+              seed: int | None, attention_mask: Tensor | None, beam_size: int | None,
+              length_penalty: float, compile: bool) -> Tensor | list[Tensor]:
     if isinstance(input_ids, (list, tuple)):
         return _generate_list(model, list(input_ids), max_new_tokens, use_cache=use_cache,
                               temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
@@ -238,7 +250,7 @@ def _generate_list(model: nn.Module, prompts: list[Tensor], max_new_tokens: int,
             span = slice(width - length, width) if side == "left" else slice(0, length)
             ids[row, span] = prompts[index]
             mask[row, span] = 1
-        out = generate(model, ids, max_new_tokens, attention_mask=mask if side else None, **kwargs)
+        out = _generate(model, ids, max_new_tokens, attention_mask=mask if side else None, **kwargs)
         prefix = 1 if hasattr(model, "encode") else width  # seq2seq output starts at the decoder
         for row, (index, length) in enumerate(zip(batch, lengths)):
             head = out[row, :prefix] if prefix != width else out[row, width - length:width]

@@ -83,3 +83,13 @@ def test_empty_prompt_is_a_clear_error(tiny_gpt):
 def test_one_dim_prompt_is_treated_as_a_batch_of_one(tiny_gpt):
     out = seqzoo.generate(tiny_gpt, torch.tensor([1, 2, 3]), 4)
     assert out.shape == (1, 7)
+
+
+def test_generated_ids_feed_straight_into_a_training_step(tiny_gpt):
+    """generate runs under inference_mode but hands back ordinary tensors."""
+    out = seqzoo.generate(tiny_gpt, torch.tensor([[72, 105]]), 6)
+    listed = seqzoo.generate(tiny_gpt, [torch.tensor([1, 2]), torch.tensor([3])], 3)
+    assert not out.is_inference() and not any(row.is_inference() for row in listed)
+    tiny_gpt.train()
+    tiny_gpt(out[:, :-1], targets=out[:, 1:]).backward()
+    assert tiny_gpt.embed.weight.grad is not None
