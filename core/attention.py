@@ -12,8 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from .cache import KVCache
-from .linear import Linear
 from .interfaces import PositionScheme
+from .linear import Linear
 from .schema import Depth, PositiveInt, Probability, SchemaError, Size, Spec
 
 

@@ -116,8 +116,6 @@ class TransformerStack(nn.Module):
             # and passes the positions; nothing here may depend on the cache's Python length.
             if t != 1 or positions is None:
                 raise InputError("a static KV cache decodes one token per step at given positions")
-            x = self.drop(self.embed_norm(self.position.embed(x, positions)))
-            inputs = static_attention_inputs(self.position, positions, cache, window=self.window)
         else:
             past = cache.length if cache is not None else 0
             if cache is not None:
@@ -128,7 +126,10 @@ class TransformerStack(nn.Module):
                                  f"learned position table (model.max_seq_len={limit})")
             if positions is None:
                 positions = self.positions(t, attention_mask=attention_mask, cache=cache, device=x.device)
-            x = self.drop(self.embed_norm(self.position.embed(x, positions)))
+        x = self.drop(self.embed_norm(self.position.embed(x, positions)))
+        if static:
+            inputs = static_attention_inputs(self.position, positions, cache, window=self.window)
+        else:
             inputs = self_attention_inputs(self.position, positions, causal=self.causal, cache=cache,
                                            key_padding=attention_mask, window=self.window)
         cross_mask = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None

@@ -2,8 +2,8 @@
 
 Keys and values of each layer live in a (B, K, max_len, D) buffer written in place, so decoding
 allocates nothing per step. (One buffer per layer, not one for all: a compiled step then mutates
-its inputs directly, where a view into a shared buffer would make the compiler copy all of it.) Positions are kept per slot so position schemes can read the
-absolute position of every cached key.
+its inputs directly, where a view into a shared buffer made the compiler copy all of it.)
+Positions are kept per slot so position schemes can read the absolute position of every cached key.
 
 A cache can switch to *static* decoding (``make_static``): every later step writes its one token
 at the slot held in a tensor and attends over the whole buffer, masked by ``valid``. Then no shape
