@@ -251,13 +251,16 @@ def bench_generation(table: Table, s: Shapes, quick: bool) -> None:
     for name, make in (("GPT-2", hf_gpt2), ("LLaMA", hf_llama)):
         hf_model = make(s)
         ours = imported(hf_model)
+        # No end token on either side: both emit exactly new_tokens, and nothing is suppressed
+        # (min_new_tokens would mask token 0 in transformers but not in seqzoo).
+        hf_model.generation_config.eos_token_id = None
         for batch in (1, 8):
             ids = torch.randint(1, s.vocab, (batch, s.prompt))
 
             def hf_run() -> Tensor:
                 with torch.inference_mode():
-                    return hf_model.generate(ids, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
-                                             do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+                    return hf_model.generate(ids, max_new_tokens=s.new_tokens, do_sample=False,
+                                             pad_token_id=0, attention_mask=torch.ones_like(ids))
 
             def our_run(compile: bool = not quick) -> Tensor:
                 return seqzoo.generate(ours, ids, s.new_tokens, compile=compile)

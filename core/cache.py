@@ -48,9 +48,9 @@ class KVCache:
         """Store k, v (B, K, T, D) after the cached slots of ``layer``; return all keys and values
         so far, (B, K, length + T, D), as views of the buffer. A static cache writes one token at
         ``slot`` and returns the whole buffer (B, K, max_len, D)."""
-        if self.slot is not None:
-            self.k[layer].index_copy_(2, self.slot, k)
-            self.v[layer].index_copy_(2, self.slot, v)
+        if self.slot is not None:  # index_copy_ does not cast (autocast hands us bfloat16)
+            self.k[layer].index_copy_(2, self.slot, k.to(self.k[layer].dtype))
+            self.v[layer].index_copy_(2, self.slot, v.to(self.v[layer].dtype))
             return self.k[layer], self.v[layer]
         start, end = self.length, self.length + k.shape[2]
         self.k[layer][:, :, start:end] = k

@@ -144,7 +144,8 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     ``compile`` (decoder-only models): after the prompt, decode with a static KV cache, each step
     compiled by ``torch.compile`` — the same tokens, faster per token; the first call for a model
     structure, batch size and (rounded) length pays the compilation (seconds to tens of seconds
-    on a CPU), later ones reuse it.
+    on a CPU), later ones reuse it. torch keeps up to ``torch._dynamo.config.recompile_limit``
+    (8) such graphs; shapes beyond that decode eagerly, with torch's warning.
 
     A list of 1-D prompts of any lengths is padded into one batch (on the side the model masks:
     ``model.prompt_padding``) and answered with a list of 1-D tensors — each prompt (the decoder

@@ -139,6 +139,9 @@ class PositionScheme(nn.Module):
 
     #: The largest number of positions the scheme can represent (learned tables), or None.
     max_positions: int | None = None
+    #: Whether the hooks' work has the same shapes for every decode step of a static KV cache
+    #: (no Python number read from the positions), so ``generate(compile=True)`` traces it once.
+    compiles_statically: bool = True
 
     def __init__(self, dim: int, head_dim: int, heads: int, max_seq_len: int) -> None:
         super().__init__()

@@ -35,6 +35,6 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and x.numel() <= FEW_ROWS * x.shape[-1] and not torch.is_grad_enabled()):
+                and 0 < x.numel() <= FEW_ROWS * x.shape[-1] and not torch.is_grad_enabled()):
             return few_rows_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -16,6 +16,7 @@ import threading
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 #: Chunks hold at most about this many logits (32 MiB in float32): large enough that each chunk's
 #: matmuls run at full speed (on a CPU, smaller chunks cost more in matmul efficiency than they
@@ -29,12 +30,16 @@ _local = threading.local()
 def _workspace(numel: int, like: Tensor) -> Tensor:
     """A float32 buffer of ``numel`` elements on like's device. On the CPU one buffer per thread is
     kept between calls: a fresh 32 MiB allocation is mmap'd and page-faulted anew every step,
-    which costs more than the softmax; CUDA's caching allocator already reuses memory."""
-    if like.device.type != "cpu":
+    which costs more than the softmax; CUDA's caching allocator already reuses memory. Buffers
+    beyond ``CHUNK_ELEMENTS`` (an explicit large ``chunk_rows``) are not kept."""
+    if like.device.type != "cpu" or numel > CHUNK_ELEMENTS:
         return like.new_empty(numel)
     buffer = getattr(_local, "buffer", None)
     if buffer is None or buffer.numel() < numel:
-        buffer = _local.buffer = like.new_empty(numel)
+        # A normal tensor even when first made under inference_mode, so later calls with
+        # autograd on may still write into it.
+        with torch.inference_mode(False):
+            buffer = _local.buffer = like.new_empty(numel)
     return buffer[:numel]
 
 
@@ -68,7 +73,9 @@ def _chunked(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tenso
     exact = torch.promote_types(weight.dtype, torch.float32)  # softmax and sums: float32 or better
     total = torch.zeros((), dtype=exact, device=hidden.device)
     grad_hidden = torch.empty_like(hidden) if need_hidden else None
-    grad_weight = torch.empty_like(weight, dtype=exact) if need_weight else None
+    # The first chunk's product overwrites grad_weight; with no rows at all nothing would.
+    new_weight_grad = torch.empty_like if hidden.shape[0] else torch.zeros_like
+    grad_weight = new_weight_grad(weight, dtype=exact) if need_weight else None
     grad_bias = torch.zeros_like(bias, dtype=exact) if need_bias else None
     # Plain float32 writes every chunk's logits into one reused buffer and multiplies the
     # unnormalised exponentials directly; lower precisions normalise before casting down.
@@ -96,26 +103,23 @@ def _chunked(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tenso
         total += ((mass.log() + shift - picked) * real).sum()
         if not any(need):
             continue
-        # d(loss)/d(logits) = expo / mass − one_hot(target), zero on ignored positions.
+        # d(loss)/d(logits) = expo / mass − one_hot(target), zero on ignored positions. The one-hot
+        # part is subtracted from expo first (mass at each real target), so the cancellation
+        # p − 1 of a confident prediction happens once, in float32, as in torch's own gradient.
+        expo.scatter_add_(0, safe[None], -(mass * real)[None])
         scale = torch.where(real, mass.reciprocal(), 0.0)  # (n,)
-        if plain:
-            probs, hs = expo, h * scale[:, None]  # fold 1/mass into the rows
-        else:
-            probs, hs = expo.mul_(scale).to(hidden.dtype), h  # ≤ 1: safe in half precision
-        if need_hidden:
-            out = grad_hidden[start:start + n]
-            if plain:
-                torch.mm(probs.t(), weight, out=out).mul_(scale[:, None])
-            else:
-                out.copy_(probs.t() @ weight.to(probs.dtype))
-            index = real.nonzero()[:, 0]
-            out.index_add_(0, index, weight[safe[index]].to(out.dtype), alpha=-1)
+        if plain:  # fold 1/mass into the small operands instead of a pass over (V, n)
+            probs, hs = expo, h * scale[:, None]
+        else:  # normalise before casting down: every entry in [-1, 1]
+            probs, hs = expo.mul_(scale).to(hidden.dtype), h
+        if need_hidden and plain:
+            torch.mm(probs.t(), weight, out=grad_hidden[start:start + n]).mul_(scale[:, None])
+        elif need_hidden:
+            grad_hidden[start:start + n] = probs.t() @ weight.to(probs.dtype)
         if need_weight:  # the first chunk writes, later ones add
             grad_weight.addmm_(probs.to(exact), hs.to(exact), beta=1 if start else 0)
-            grad_weight.index_add_(0, safe[real], h[real].to(exact), alpha=-1)
         if need_bias:
             grad_bias += probs.sum(1, dtype=exact)
-            grad_bias.index_add_(0, safe[real], torch.ones_like(safe[real], dtype=exact), alpha=-1)
     return total, grad_hidden, grad_weight, grad_bias
 
 
@@ -131,9 +135,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total / count  # 0/0 = nan when every target is ignored, as F.cross_entropy
 
     @staticmethod
+    @once_differentiable  # the gradients are precomputed numbers: no double backward
     def backward(ctx, grad_output: Tensor):
         grad_hidden, grad_weight, grad_bias, count = ctx.saved_tensors
-        scale = grad_output / count
+        # With every target ignored the loss is nan (as torch's) but the gradients are zeros.
+        scale = grad_output / count.clamp(min=1)
         weight_dtype, bias_dtype = ctx.dtypes
         return (None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
                 None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
@@ -150,7 +156,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     hidden (..., C); weight (V, C); bias (V,) or None; targets (...) class ids, ``ignore_index``
     where a position carries no loss. ``chunk_rows``: rows per chunk (default: about
     ``CHUNK_ELEMENTS`` logits per chunk). The gradients are computed during the forward, so
-    autograd keeps (N, C) + (V, C) floats instead of the (N, V) logits.
+    autograd keeps (N, C) + (V, C) floats instead of the (N, V) logits; there is no double
+    backward. Under ``torch.compile`` the check for extreme logits is a graph break.
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     targets = targets.reshape(-1)

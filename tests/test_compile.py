@@ -25,14 +25,16 @@ def test_forward_compiles_without_graph_breaks(scaling):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["tiny-gpt", "tiny-llama", "tiny-mistral", "tiny-bloom"])
-def test_static_decode_step_compiles_whole_and_once(recipe):
+@pytest.mark.parametrize(("recipe", "overrides"), [
+    ("tiny-gpt", []), ("tiny-llama", []), ("tiny-mistral", []), ("tiny-bloom", []),
+    ("tiny-gpt", ["model.position=t5"]), ("tiny-gpt", ["model.position=shaw"])])
+def test_static_decode_step_compiles_whole_and_once(recipe, overrides):
     """The static decode step: one graph (fullgraph), traced once for all later steps."""
     from torch._dynamo.utils import counters
 
     from seqzoo.generation import CausalSession, _decode_step
 
-    model = seqzoo.build(recipe, device="cpu").eval()
+    model = seqzoo.build(recipe, overrides, device="cpu").eval()
     torch._dynamo.reset()
     counters.clear()
     step = torch.compile(_decode_step, fullgraph=True, dynamic=False)

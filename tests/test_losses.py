@@ -77,6 +77,41 @@ def test_half_precision_model_stays_finite():
         torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("precision", ["float32", "autocast-bf16", "bfloat16", "float16"])
+def test_confident_predictions_keep_their_gradient_precision(precision):
+    """p(target) ≈ 0.99997: softmax − one_hot cancels to ~3e-5 at the target. The fused loss must
+    be as accurate as F.cross_entropy in the same precision (float64 is the truth)."""
+    torch.manual_seed(9)
+    weight = torch.randn(500, 32, dtype=torch.float64)
+    targets = torch.randint(0, 500, (64,))
+    hidden = weight[targets] * 2.5
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(precision, torch.float32)
+
+    def errors(loss_fn):
+        h, w = hidden.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "autocast-bf16"):
+            loss_fn(h, w).backward()
+        truth = torch.autograd.grad(F.cross_entropy(hidden.requires_grad_() @ weight.T, targets), hidden)[0]
+        hidden.requires_grad_(False)
+        return (h.grad.double() - truth).norm() / truth.norm()
+
+    fused = errors(lambda h, w: linear_cross_entropy(h, w, targets, chunk_rows=24))
+    plain = errors(lambda h, w: F.cross_entropy((h @ w.T).float(), targets))
+    assert fused <= 1.5 * plain + 1e-6, (fused, plain)
+
+
+def test_no_double_backward_and_inference_mode_first():
+    torch.manual_seed(10)
+    hidden, targets = torch.randn(6, 8), torch.randint(0, 20, (6,))
+    weight = torch.randn(20, 8, requires_grad=True)
+    with torch.inference_mode():  # the first call in this thread makes the reused buffer
+        linear_cross_entropy(hidden, weight.detach(), targets)
+    loss = linear_cross_entropy(hidden, weight, targets)  # and autograd may still use it after
+    (grad,) = torch.autograd.grad(loss, weight, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|double backward|does not require grad"):
+        grad.sum().backward()
+
+
 def test_gradcheck_float64():
     torch.manual_seed(1)
     hidden = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
@@ -101,6 +136,13 @@ def test_without_grad_and_all_ignored():
     ignored = torch.full((6,), -100)
     assert torch.isnan(linear_cross_entropy(hidden, weight, ignored))
     assert torch.isnan(_reference(hidden, weight, ignored))  # the same convention as torch
+    h = hidden.clone().requires_grad_()
+    w = weight.clone().requires_grad_()
+    linear_cross_entropy(h, w, ignored).backward()  # ... and, as torch's, zero gradients
+    assert torch.equal(h.grad, torch.zeros_like(h)) and torch.equal(w.grad, torch.zeros_like(w))
+    empty = torch.zeros(0, 8, requires_grad=True)
+    linear_cross_entropy(empty, w, torch.zeros(0, dtype=torch.long)).backward()
+    assert torch.equal(w.grad, torch.zeros_like(w))
     with pytest.raises(ValueError, match="targets hold 5 positions"):
         linear_cross_entropy(hidden, weight, targets[:5])
 

@@ -53,6 +53,15 @@ def test_static_cache_equals_growing_cache(recipe, overrides, padded):
     torch.testing.assert_close(static, growing, atol=1e-5, rtol=1e-5)
 
 
+def test_static_cache_under_autocast_equals_growing_cache():
+    model = seqzoo.build("tiny-llama", device="cpu").eval()
+    ids = torch.randint(1, model.vocab_size, (2, 5))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        growing, _ = _logits(model, ids, None, 8)
+        static, _ = _logits(model, ids, None, 8, static=True)
+    torch.testing.assert_close(static, growing, atol=1e-2, rtol=1e-2)
+
+
 def test_static_steps_keep_their_shapes_and_read_no_python_length(tiny_gpt):
     """Every static step passes tensors of one shape; the cache's Python length only counts."""
     ids = torch.randint(1, 256, (2, 5))
@@ -79,6 +88,9 @@ def test_static_generate_through_beam_reorder_and_errors(tiny_gpt):
         CausalSession(tiny_gpt, ids, 4, False, static=True)
     with pytest.raises(InputError, match="beam search runs eagerly"):
         seqzoo.generate(tiny_gpt, ids, 4, compile=True, beam_size=2)
+    xl = seqzoo.build("tiny-gpt", ["model.position=xl"], device="cpu").eval()
+    with pytest.raises(InputError, match="TransformerXLRelative changes shape from step to step"):
+        seqzoo.generate(xl, ids, 4, compile=True)
     t5 = seqzoo.build("tiny-t5", device="cpu").eval()
     with pytest.raises(InputError, match="EncoderDecoder decodes eagerly only"):
         seqzoo.generate(t5, ids, 4, compile=True)

@@ -10,6 +10,7 @@ import seqzoo
 from seqzoo.attention import AttentionConfig, check_attention
 from seqzoo.blocks import Placement, TransformerStack
 from seqzoo.cache import KVCache
+from seqzoo.errors import InputError
 from seqzoo.generation import CausalSession
 from seqzoo.init import init_weights
 from seqzoo.linear import Linear
@@ -87,6 +88,11 @@ class DecoderLM(nn.Module):
     def start_generation(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
                          attention_mask: Tensor | None = None, *, static: bool = False,
                          compile: bool = False) -> CausalSession:
+        position = self.decoder.position
+        if compile and not position.compiles_statically:
+            raise InputError(f"compile=True: the position scheme {type(position).__name__} changes "
+                             f"shape from step to step and would recompile every token; decode it "
+                             f"eagerly (compile=False)")
         return CausalSession(self, input_ids, max_new_tokens, use_cache, attention_mask,
                              static=static, compile=compile)
 

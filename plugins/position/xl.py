@@ -29,6 +29,9 @@ class TransformerXLRelative(PositionScheme):
     Learned weights: ``proj`` = W_R (Linear C -> H·D, no bias), ``u`` and ``v`` (H, D), zero at init.
     """
 
+    #: ``bias`` projects only the distances present, a range read off the positions each step.
+    compiles_statically = False
+
     def __init__(self, dim: int, head_dim: int, heads: int, max_seq_len: int) -> None:
         super().__init__(dim, head_dim, heads, max_seq_len)
         self.proj = nn.Linear(dim, heads * head_dim, bias=False)  # W_R
