@@ -105,7 +105,8 @@ def masked_softmax_attend(
 ) -> Tensor:
     """softmax(logits + bias, masked) @ v with the softmax in float32 and fully masked rows -> 0.
 
-    logits (B, H, T, S), v (B, H, S, Dv) -> (B, H, T, Dv).
+    logits (B, H, T, S), v (B, H, S, Dv) -> (B, H, T, Dv). v may hold K < H grouped heads
+    (B, K, S, Dv): query head h reads v head h // (H // K), as ``expand_kv``, without copying v.
     """
     probs = upcast(logits)
     if bias is not None:
@@ -121,6 +122,9 @@ def masked_softmax_attend(
     probs = probs.to(v.dtype)
     if dropout > 0.0 and training:
         probs = F.dropout(probs, p=dropout)
+    b, heads, t, s = probs.shape
+    if v.shape[1] != heads:  # the H // K query heads of each kv head are consecutive
+        return (probs.reshape(b, v.shape[1], heads // v.shape[1] * t, s) @ v).view(b, heads, t, v.shape[-1])
     return probs @ v
 
 

@@ -141,3 +141,13 @@ def test_left_padding_does_not_change_real_token_logits(tiny_gpt):
         alone = tiny_gpt(ids)
         batched = tiny_gpt(padded, attention_mask=mask)
     torch.testing.assert_close(batched[:, 3:], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_masked_softmax_attend_reads_grouped_values_like_expand_kv():
+    """v with K < H heads: query head h reads v head h // (H // K), the same as expanding v."""
+    torch.manual_seed(3)
+    logits, v = torch.randn(2, 6, 5, 7), torch.randn(2, 2, 7, 4)
+    mask = torch.rand(2, 1, 5, 7) > 0.3
+    bias = torch.randn(1, 6, 5, 7)
+    torch.testing.assert_close(masked_softmax_attend(logits, v, mask=mask, bias=bias),
+                               masked_softmax_attend(logits, expand_kv(v, 6), mask=mask, bias=bias))
