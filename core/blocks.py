@@ -19,6 +19,13 @@ from .registry import registry
 Placement = Literal["pre", "post"]
 
 
+def check_position_limit(limit: int | None, tokens: int) -> None:
+    """A sequence of ``tokens`` must fit a learned position table of ``limit`` rows (None: any)."""
+    if limit is not None and tokens > limit:
+        raise InputError(f"sequence of {tokens} tokens exceeds the {limit} positions of the "
+                         f"learned position table (model.max_seq_len={limit})")
+
+
 class TransformerBlock(nn.Module):
     """One layer. Sublayers: self-attention, cross-attention (when ``cross``), feed-forward — each
     wrapped in its own norm, residual connection and residual dropout."""
@@ -120,10 +127,7 @@ class TransformerStack(nn.Module):
             past = cache.length if cache is not None else 0
             if cache is not None:
                 cache.check_room(t)
-            limit = self.position.max_positions
-            if limit is not None and past + t > limit:
-                raise InputError(f"sequence of {past + t} tokens exceeds the {limit} positions of the "
-                                 f"learned position table (model.max_seq_len={limit})")
+            check_position_limit(self.position.max_positions, past + t)
             if positions is None:
                 positions = self.positions(t, attention_mask=attention_mask, cache=cache, device=x.device)
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))

@@ -13,6 +13,7 @@ import inspect
 import torch
 from torch import Tensor, nn
 
+from .blocks import check_position_limit
 from .errors import InputError
 
 
@@ -43,7 +44,7 @@ class CausalSession:
         """tokens (B,) chosen last step, or None for the prompt -> logits (B, V) in float32."""
         if self.next_position is not None:  # a static step: fixed shapes, positions given
             self.cache.check_room(1)
-            self._check_positions()
+            check_position_limit(getattr(self.model, "max_positions", None), self.cache.length + 1)
             logits = self.step(self.model, tokens[:, None], self.next_position, self.cache)
             self.cache.step_static()
             self.next_position += 1
@@ -63,12 +64,6 @@ class CausalSession:
             else:  # positions count real tokens only (left padding)
                 self.next_position = self.mask.long().sum(-1, keepdim=True)
         return logits[:, -1].float()
-
-    def _check_positions(self) -> None:
-        limit = getattr(self.model, "max_positions", None)
-        if limit is not None and self.cache.length + 1 > limit:
-            raise InputError(f"sequence of {self.cache.length + 1} tokens exceeds the {limit} positions "
-                             f"of the learned position table (model.max_seq_len={limit})")
 
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows ``rows`` in that order (beam search)."""
