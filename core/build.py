@@ -24,7 +24,10 @@ def pick_device(name: str) -> torch.device:
     except RuntimeError:
         raise SeqzooError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or meta") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SeqzooError(f"device {name!r} requested but CUDA is not available; use device=cpu or auto")
+        why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
+               else "no CUDA GPU is visible")
+        raise SeqzooError(f"device {name!r}: CUDA is not available on this machine ({why}); use cpu, or "
+                          f"auto, which takes CUDA only when it is there")
     return device
 
 

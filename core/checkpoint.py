@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -21,7 +20,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .errors import CheckpointError, RegistryError, SeqzooError
+from .errors import CheckpointError, RecipeError, RegistryError, SeqzooError
+from .files import FolderNotWritable, atomic_write
 
 FORMAT = "1"
 
@@ -80,26 +80,16 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
         raise CheckpointError(f"{path}: folder {folder} does not exist")
     if path.is_dir():
         raise CheckpointError(f"{path}: is a directory; give a file name such as {path / 'model.safetensors'}")
+    # atomic_write: a crash at any moment leaves either the old file or the complete new one, and
+    # the file gets the umask's mode (0644), as open() would give it.
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as error:
+        atomic_write(path, lambda tmp: save_file({k: v.cpu() for k, v in tensors.items()}, tmp,
+                                                 metadata=metadata))
+    except FolderNotWritable as error:
         raise CheckpointError(f"{path}: cannot write in {folder} ({error.strerror or error})") from None
-    os.close(fd)
-    # Write a temp file beside the target, flush it to disk, then rename over the target: a crash
-    # at any moment leaves either the old file or the complete new one, never a partial file.
-    try:
-        save_file({k: v.cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except OSError as error:
-        Path(tmp).unlink(missing_ok=True)
         kept = "the previous file is intact" if path.exists() else "nothing was written"
         raise CheckpointError(f"{path}: could not save ({error.strerror or error}); {kept}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(folder)
     return path
 
 
@@ -129,19 +119,6 @@ def _with_actual_dtype(recipe: dict, model: nn.Module) -> dict:
     return {**recipe, "runtime": {**recipe.get("runtime", {}), "dtype": name}}
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot fsync a directory; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The metadata of a seqzoo checkpoint, or a CheckpointError saying what is wrong with it."""
     path = Path(path)
@@ -159,36 +136,62 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     return metadata
 
 
+def read_recipe(path: str | os.PathLike, metadata: dict[str, str] | None = None) -> dict:
+    """The resolved recipe a seqzoo checkpoint carries (``metadata``: its metadata, if read)."""
+    metadata = read_metadata(path) if metadata is None else metadata
+    try:
+        recipe = json.loads(metadata["seqzoo.recipe"])
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: corrupt seqzoo metadata ({error})") from None
+    if not isinstance(recipe, dict):
+        raise CheckpointError(f"{path}: corrupt seqzoo metadata (the recipe is not a mapping)")
+    return recipe
+
+
 def load(path: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
     """Rebuild the model stored at ``path`` from the file alone and load its weights."""
-    from .build import instantiate
+    from .build import instantiate, pick_device
     from .recipe import resolve
 
     metadata = read_metadata(path)
+    recipe = read_recipe(path, metadata)
+    if isinstance(device, str):  # a device that is not there is the caller's problem, not the file's
+        device = pick_device(device)
+    _check_provenance(path, metadata, recipe)
     try:
-        recipe = json.loads(metadata["seqzoo.recipe"])
+        model = instantiate(resolve(recipe, label=str(path)), device=device)
+    except RecipeError as error:  # already names the checkpoint and the recipe key
+        raise CheckpointError(str(error)) from None
+    except SeqzooError as error:
+        raise CheckpointError(f"{path}: its recipe no longer builds: {error}") from None
+    load_weights(model, path, metadata)
+    if "seqzoo.tokenizer" in metadata:
+        model.tokenizer_state = metadata["seqzoo.tokenizer"]
+    model.eval()
+    return model
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None,
+                 *, same_dtype: bool = True) -> None:
+    """Copy the weights stored at ``path`` into ``model`` (moved to its device); a CheckpointError
+    names every missing, unexpected or mis-shaped tensor first. ``same_dtype``: a stored dtype
+    other than the model's is an error (``load``: the file was altered), else a cast (``--init``
+    of a float32 run from bfloat16 weights)."""
+    metadata = read_metadata(path) if metadata is None else metadata
+    try:
         tied = json.loads(metadata.get("seqzoo.tied", "{}"))
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: corrupt seqzoo metadata ({error})") from None
-    _warn_provenance(path, metadata)
-    try:
-        model = instantiate(resolve(recipe), device=device)
-    except SeqzooError as error:
-        raise CheckpointError(f"{path}: its recipe no longer builds: {error}") from None
     target = next((p.device for p in model.parameters()), torch.device("cpu"))
     with safe_open(str(path), framework="pt", device="cpu") as handle:
         stored = {name: handle.get_tensor(name) for name in handle.keys() if not name.startswith(EXTRA_PREFIX)}
     for name, source in tied.items():
         if source in stored:
             stored[name] = stored[source]
-    _check_tensors(path, model.state_dict(), stored)
+    _check_tensors(path, model.state_dict(), stored, same_dtype=same_dtype)
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor.copy_(stored[name].to(device=target, dtype=tensor.dtype))
-    if "seqzoo.tokenizer" in metadata:
-        model.tokenizer_state = metadata["seqzoo.tokenizer"]
-    model.eval()
-    return model
 
 
 class ProvenanceWarning(UserWarning):
@@ -201,9 +204,36 @@ def _major(version: str) -> str:
     return match[1] if match else (version or "").strip()
 
 
-def _warn_provenance(path, metadata: dict[str, str]) -> None:
+def _install_hint(dist: str, version: str, requires: object) -> str:
+    """One way to say what to install for ``dist``: the recipe's own ``requires:`` entry for it
+    when there is one (its author's range), else the exact version the checkpoint was saved with."""
+    from .recipe import parse_requirement
+    from .registry import _canonical
+
+    for text in requires if isinstance(requires, list) else []:
+        try:
+            if _canonical(parse_requirement(str(text)).name) == _canonical(dist):
+                return f"pip install '{text}'"
+        except ValueError:
+            continue
+    return f"pip install '{dist}=={version}'" if version else f"pip install '{dist}'"
+
+
+def _installed(dist: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(dist)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _check_provenance(path, metadata: dict[str, str], recipe: dict) -> None:
     """Compare ``seqzoo.components`` (what provided each component at save time) with this
-    process's registry and warn, once per component, naming the distribution to install."""
+    process's registry: a component that is not registered here is a CheckpointError naming the
+    distribution to install (before any did-you-mean the recipe check would give); another
+    distribution or major version is a warning, once per component."""
     from .registry import registry
 
     try:
@@ -214,7 +244,7 @@ def _warn_provenance(path, metadata: dict[str, str]) -> None:
         return
     reg = registry()
     seen = set()
-    for record in saved.values():
+    for key, record in saved.items():
         if not isinstance(record, dict) or "kind" not in record or "name" not in record:
             continue
         kind, name = str(record["kind"]), str(record["name"])
@@ -225,22 +255,28 @@ def _warn_provenance(path, metadata: dict[str, str]) -> None:
         plugin = record.get("plugin") or ""
         was = f"{dist} {version}".strip() if dist else f"local plugin {plugin}"
         if dist:
-            fix = f"pip install '{dist}=={version}'" if version else f"pip install '{dist}'"
+            fix = _install_hint(dist, version, recipe.get("requires"))
         else:
             fix = f"load it with seqzoo --plugin {plugin} or SEQZOO_PLUGINS"
         try:
             now = reg.get(kind, name)
         except RegistryError:
-            message = f"{path}: {kind} {name!r} was saved from {was}, which is not loaded here; {fix}"
-        else:
-            if dist and now.distribution.lower() != dist.lower():
-                message = (f"{path}: {kind} {name!r} was saved from {was} but is now provided by "
-                           f"{now.origin}; outputs may differ ({fix} to match)")
-            elif dist and _major(now.version) != _major(version):
-                message = (f"{path}: {kind} {name!r} was saved with {was} but {now.version} is loaded, "
-                           f"a different major version; outputs may differ ({fix} to match)")
+            if not dist:
+                state = "not loaded here"
+            elif _installed(dist):
+                state = "installed here but does not register it (see `seqzoo plugins`)"
             else:
-                continue
+                state = "not installed here"
+            raise CheckpointError(f"{path}: recipe key {key}: {kind} {name!r} comes from {was}, which is "
+                                  f"{state}; {fix}") from None
+        if dist and now.distribution.lower() != dist.lower():
+            message = (f"{path}: {kind} {name!r} was saved from {was} but is now provided by "
+                       f"{now.origin}; outputs may differ ({fix} to match)")
+        elif dist and _major(now.version) != _major(version):
+            message = (f"{path}: {kind} {name!r} was saved with {was} but {now.version} is loaded, "
+                       f"a different major version; outputs may differ ({fix} to match)")
+        else:
+            continue
         warnings.warn(message, ProvenanceWarning, stacklevel=3)
 
 
@@ -253,7 +289,8 @@ def read_extras(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tens
     return metadata, extras
 
 
-def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor]) -> None:
+def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor], *,
+                   same_dtype: bool = True) -> None:
     missing = sorted(set(expected) - set(stored))
     unexpected = sorted(set(stored) - set(expected))
     shapes = sorted(f"{n} {tuple(stored[n].shape)} != {tuple(t.shape)}"
@@ -261,7 +298,7 @@ def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor])
     # save() records the weights' dtype in the recipe, so a different stored dtype means the file
     # was altered after saving.
     dtypes = sorted(f"{n} {str(stored[n].dtype)[6:]} != {str(t.dtype)[6:]}"
-                    for n, t in expected.items() if n in stored and stored[n].dtype != t.dtype)
+                    for n, t in expected.items() if same_dtype and n in stored and stored[n].dtype != t.dtype)
     problems = mismatches(missing, unexpected, shapes, dtypes, against="recipe")
     if problems:
         raise CheckpointError(f"{path}: weights do not match the recipe: " + "; ".join(problems))
@@ -283,3 +320,27 @@ def _few(items: list[str], n: int = 5) -> str:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def check_can_save(path: str | os.PathLike) -> None:
+    """Refuse, before any work, an output ``path`` that ``save`` could not write: its folder must
+    exist and be writable, it must not be a folder, and the serializer must work in this
+    environment (safetensors needs numpy to save torch tensors). A long run checks this first, so
+    it never ends with nowhere to put its result."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory; give a file name such as {path / 'model.safetensors'}")
+    if not folder.is_dir():
+        raise CheckpointError(f"{path}: folder {folder} does not exist; create it first (mkdir -p {folder})")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CheckpointError(f"{path}: cannot write in {folder} (permission denied); pick a writable "
+                              f"folder for the output")
+    try:
+        from safetensors.torch import save as serialize
+
+        serialize({"probe": torch.zeros(1)})
+    except ImportError as error:
+        raise CheckpointError(f"cannot save checkpoints here: safetensors needs {error.name or 'numpy'} to "
+                              f"save torch tensors and it is not installed (pip install "
+                              f"'safetensors[torch]')") from None

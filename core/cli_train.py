@@ -9,14 +9,74 @@ import sys
 def register_cli(add) -> dict:
     """Add the training commands to the CLI; ``add(name, help=...)`` makes a subparser."""
     p = add("train", help="train a recipe's model on its train: task (torchrun-aware)")
-    p.add_argument("recipe", help="recipe path or shipped recipe name")
+    p.add_argument("recipe", nargs="?",
+                   help="recipe path or shipped recipe name (with --resume or --init: the checkpoint's "
+                        "own recipe when omitted)")
     p.add_argument("-o", "--output", help="checkpoint to write (.safetensors), resumable")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--metrics", metavar="FILE.json", help="write the loss history and evaluation here")
-    p.add_argument("--resume", metavar="CKPT", help="continue the run saved in this checkpoint")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--resume", metavar="CKPT", help="continue the run saved in this checkpoint")
+    start.add_argument("--init", metavar="CKPT",
+                       help="start from this checkpoint's weights and tokenizer (fine-tuning; also train.init)")
     p.add_argument("--until", type=int, metavar="STEP", help="stop after this step (resume later)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return {"train": _cmd_train}
+
+
+#: The recipe sections a resumed run must share with its checkpoint (the train: settings may change).
+RESUME_KEYS = (("model",), ("tokenizer",), ("train", "task"))
+
+
+def first_difference(a, b, path: tuple = ()) -> tuple | None:
+    """The first key path (depth first, in ``a``'s order) where nested data ``a`` and ``b`` differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            found = first_difference(a.get(key), b.get(key), (*path, key))
+            if found is not None:
+                return found
+        return None
+    return None if a == b else path
+
+
+def _lookup(data: dict, path: tuple):
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _check_resume(given: dict, saved: dict, checkpoint: str, recipe: str) -> list[str]:
+    """Refuse a recipe that describes another run than the checkpoint's; return the train: changes."""
+    from .errors import InputError
+    from .schema import dotted
+
+    for section in RESUME_KEYS:
+        where = first_difference(_lookup(given, section), _lookup(saved, section), section)
+        if where is not None:
+            raise InputError(
+                f"--resume {checkpoint}: {recipe} differs from the checkpoint's recipe at {dotted(where)} "
+                f"({_lookup(given, where)!r} here, {_lookup(saved, where)!r} in the checkpoint); a resumed "
+                f"run keeps its model, tokenizer and task — drop the recipe to use the checkpoint's, or "
+                f"start a new run with --init {checkpoint}")
+    changes = []
+    given_train, saved_train = given.get("train") or {}, saved.get("train") or {}
+    for key in given_train:
+        if key != "task" and given_train[key] != saved_train.get(key):
+            changes.append(f"train.{key}: {saved_train.get(key)!r} -> {given_train[key]!r}")
+    return changes
+
+
+def _init_from(model, checkpoint: str) -> None:
+    """Fine-tuning: ``model`` (built from the run's recipe) takes the checkpoint's weights, which
+    must fit it tensor for tensor, and the checkpoint's tokenizer."""
+    from .checkpoint import load_weights, read_metadata, read_recipe
+
+    metadata = read_metadata(checkpoint)
+    saved = read_recipe(checkpoint, metadata)
+    load_weights(model, checkpoint, metadata, same_dtype=False)
+    model.recipe = {**model.recipe, "tokenizer": saved.get("tokenizer", model.recipe["tokenizer"])}
+    if "seqzoo.tokenizer" in metadata:
+        model.tokenizer_state = metadata["seqzoo.tokenizer"]
 
 
 def _cmd_train(args) -> int:
@@ -25,13 +85,20 @@ def _cmd_train(args) -> int:
     import seqzoo
 
     from .build import instantiate
-    from .errors import InputError
+    from .checkpoint import read_metadata, read_recipe
+    from .errors import CheckpointError, InputError
     from .recipe import resolve
-    from .training import Distributed, TrainConfig, train
+    from .training import Distributed, TrainConfig, check_resumable, train
 
-    resolved = resolve(args.recipe, args.overrides)
+    checkpoint = args.resume or args.init
+    if args.recipe is None and checkpoint is None:
+        raise InputError("seqzoo train: give a recipe (a path or a shipped name such as tiny-gpt), or "
+                         "--resume/--init CKPT to use a checkpoint's own recipe")
+    source = args.recipe if args.recipe is not None else read_recipe(checkpoint)
+    label = None if args.recipe is not None else checkpoint
+    resolved = resolve(source, args.overrides, label=label)
     if resolved.data["train"] is None:  # no train: section — the defaults, recorded in the recipe
-        resolved = resolve(args.recipe, [*args.overrides, "train={}"])
+        resolved = resolve(source, [*args.overrides, "train={}"], label=label)
     config = TrainConfig(**{k: v for k, v in resolved.data["train"].items()})
     if args.until is not None and args.until < 1:
         raise InputError(f"--until must be >= 1, got {args.until}")
@@ -41,10 +108,22 @@ def _cmd_train(args) -> int:
         device = f"cuda:{dist_info.local_rank}"
     torch.manual_seed(config.seed)
     if args.resume:
+        check_resumable(args.resume, read_metadata(args.resume))
         model = seqzoo.load(args.resume, device=device)
+        for change in _check_resume(resolved.data, model.recipe, args.resume, args.recipe or "--set"):
+            print(f"resume: {change}", file=sys.stderr)
         model.recipe = {**model.recipe, "train": resolved.data["train"]}
     else:
         model = instantiate(resolved, device=device)
+        init = args.init or config.init
+        if init is not None:
+            try:
+                _init_from(model, init)
+            except CheckpointError as error:
+                if args.init:
+                    raise
+                raise resolved.error(("train", "init"), str(error)) from None
+            print(f"init: weights and tokenizer from {init}", file=sys.stderr)
     tokenizer = seqzoo.tokenizer(model)
     result = train(model, config, tokenizer, output=args.output, resume=args.resume, until=args.until,
                    quiet=args.quiet, compile=resolved.data["runtime"]["compile"])

@@ -27,14 +27,20 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
-def unknown_name(what: str, name: str, choices: Iterable[str]) -> str:
-    """``unknown score 'scaled_dt'; did you mean 'scaled_dot'?`` or the list of what exists."""
+def unknown_name(what: str, name: str, choices: Iterable[str], *, plugin_hint: bool = False) -> str:
+    """``unknown score 'scaled_dt'; did you mean 'scaled_dot'?`` or the list of what exists.
+
+    ``plugin_hint``: when nothing is close, add that the name may come from a plugin that is not
+    installed (component names; kinds and other names have no plugins to miss)."""
     choices = sorted(choices)
     match = closest(name, choices)
     if match is not None:
         return f"unknown {what} {name!r}; did you mean {match!r}?"
     available = ", ".join(choices) if choices else "none registered"
-    return f"unknown {what} {name!r}; available: {available}"
+    message = f"unknown {what} {name!r}; available: {available}"
+    if plugin_hint:
+        message += "; it may come from a plugin that is not installed (`seqzoo plugins` lists the loaded ones)"
+    return message
 
 
 class ConfigError(SeqzooError, ValueError):

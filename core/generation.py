@@ -9,6 +9,7 @@ output starts with (the prompt for decoder-only models, the decoder start token 
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -119,9 +120,32 @@ def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: floa
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+class _FromTokenizer:
+    """The default ``eos_id``: the end token of the model's own tokenizer."""
+
+    def __repr__(self) -> str:
+        return "the tokenizer's eos"
+
+
+FROM_TOKENIZER = _FromTokenizer()
+
+
+def model_eos(model: nn.Module) -> int | None:
+    """The eos id of the tokenizer a model's recipe names (None without a recipe or an eos)."""
+    from . import tokenizer  # the package's tokenizer(): it imports this module
+    from .errors import SeqzooError
+
+    if not isinstance(getattr(model, "recipe", None), dict) or "tokenizer" not in model.recipe:
+        return None
+    try:
+        return tokenizer(model).eos_id
+    except SeqzooError:  # a tokenizer file that is gone: generate without a stop token
+        return None
+
+
 def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             eos_id: int | None = None, seed: int | None = None,
+             eos_id: int | None | _FromTokenizer = FROM_TOKENIZER, seed: int | None = None,
              attention_mask: Tensor | None = None, beam_size: int | None = None,
              length_penalty: float = 1.0, compile: bool = False) -> Tensor | list[Tensor]:
     """Continue ``input_ids`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + new).
@@ -131,10 +155,18 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
 
     temperature 0 is greedy; otherwise sample from softmax(logits / temperature), keeping the
     ``top_k`` most likely tokens and/or the smallest set holding ``top_p`` of the mass. After a
-    row emits ``eos_id`` it keeps emitting it; generation stops early once every row has.
+    row emits ``eos_id`` it keeps emitting it (the rows that finished first are padded with it);
+    generation stops early once every row has. ``eos_id`` defaults to the end token of the
+    model's tokenizer (the recipe's ``tokenizer:``, as ``seqzoo.load`` and ``seqzoo.build``
+    give it); ``eos_id=None`` never stops early.
+
+    A model with a learned position table (``model.max_positions``) cannot read past it: a prompt
+    longer than the table is refused, and when ``max_new_tokens`` would run past it, generation
+    stops at the table's end with a one-line warning and returns what it made.
     ``seed`` makes sampling reproducible. ``use_cache=False`` recomputes the prefix every step.
     ``beam_size`` switches to beam search (``length_penalty`` α ranks finished hypotheses by
-    log p / length^α; beam 1 is greedy).
+    log p / length^α; beam 1 is greedy); it does not sample, so it refuses temperature, top_k and
+    top_p.
 
     ``compile`` (decoder-only models): after the prompt, decode with a static KV cache, each step
     compiled by ``torch.compile`` — the same tokens, faster per token; the first call for a model
@@ -147,6 +179,8 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     start token for seq2seq models) followed by its new tokens, up to and including ``eos_id``,
     with no padding; each equals what generating that prompt alone gives.
     """
+    if eos_id is FROM_TOKENIZER:
+        eos_id = model_eos(model)
     with torch.inference_mode():
         out = _generate(model, input_ids, max_new_tokens, use_cache=use_cache, temperature=temperature,
                         top_k=top_k, top_p=top_p, eos_id=eos_id, seed=seed, attention_mask=attention_mask,
@@ -179,11 +213,15 @@ def _generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens
         raise InputError(f"top_p must be in (0, 1], got {top_p}")
     if beam_size is not None and beam_size < 1:
         raise InputError(f"beam_size must be >= 1, got {beam_size}")
+    if beam_size is not None and (temperature != 0 or top_k is not None or top_p is not None):
+        raise InputError(f"beam search (beam_size={beam_size}) keeps the most likely hypotheses and does "
+                         f"not sample; drop temperature/top_k/top_p, or drop beam_size to sample")
     if compile and beam_size is not None:
         raise InputError("compile=True decodes greedily or by sampling; beam search runs eagerly")
     if compile and "compile" not in inspect.signature(model.start_generation).parameters:
         raise InputError(f"compile=True needs a decoder-only model with a static KV cache; "
                          f"{type(model).__name__} decodes eagerly only")
+    max_new_tokens = _fit_position_limit(model, input_ids.shape[1], max_new_tokens)
     if max_new_tokens == 0:
         return input_ids
     was_training = model.training
@@ -217,6 +255,25 @@ def _generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens
     finally:
         model.train(was_training)
     return torch.cat(out, dim=1)
+
+
+def _fit_position_limit(model: nn.Module, prompt: int, max_new_tokens: int) -> int:
+    """How many new tokens a decoder-only model with a learned position table can make after a
+    ``prompt``-token prompt: the last token it makes is never fed back, so the sequence may end
+    one past the table. A prompt that does not fit is refused up front."""
+    limit = getattr(model, "max_positions", None)
+    if limit is None or hasattr(model, "encode"):  # seq2seq outputs do not continue the prompt
+        return max_new_tokens
+    if prompt > limit:
+        raise InputError(f"the prompt has {prompt} tokens but the model reads at most {limit} positions "
+                         f"(its learned position table, model.max_seq_len={limit}); shorten the prompt")
+    room = limit + 1 - prompt
+    if max_new_tokens > room:
+        warnings.warn(f"stopping after {room} new tokens instead of {max_new_tokens}: a {prompt}-token "
+                      f"prompt leaves room for {room} before the model's {limit}-position limit "
+                      f"(model.max_seq_len)", stacklevel=4)
+        return room
+    return max_new_tokens
 
 
 def _generate_list(model: nn.Module, prompts: list[Tensor], max_new_tokens: int, **kwargs) -> list[Tensor]:

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from .checkpoint import _few, mismatches
 from .errors import CheckpointError, SeqzooError
+from .files import atomic_write, write_text_atomic
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -521,8 +522,9 @@ def exporter_for(model: nn.Module, model_type: str | None = None) -> HFConverter
 
 def to_hf(model: nn.Module, out_dir: str | os.PathLike, *, model_type: str | None = None) -> Path:
     """Write ``model`` as a Hugging Face folder that ``transformers`` loads: config.json,
-    model.safetensors and, when the model has an ``hf`` tokenizer, tokenizer.json (plus a
-    tokenizer_config.json). Returns the folder."""
+    model.safetensors and the tokenizer's tokenizer.json plus tokenizer_config.json (an ``hf``
+    tokenizer's own, the ``bytes`` tokenizer's byte-level one; a warning when there is none).
+    Every file is written atomically with the umask's mode. Returns the folder."""
     from safetensors.torch import save_file
 
     model = getattr(model, "_orig_mod", model)
@@ -539,48 +541,57 @@ def to_hf(model: nn.Module, out_dir: str | os.PathLike, *, model_type: str | Non
     if dtype is not None:
         config.setdefault("dtype", dtype)
     folder.mkdir(parents=True, exist_ok=True)
-    _atomic(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    _atomic(folder / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n"))
+    atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    write_text_atomic(folder / CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n")
     _write_tokenizer(model, folder)
     return folder
 
 
-def _atomic(path: Path, write: Callable[[str], Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _write_tokenizer(model: nn.Module, folder: Path) -> None:
-    """tokenizer.json from the model's hf tokenizer, and the files that sat next to it."""
+    """The model's tokenizer as Hugging Face files, or a one-line warning that none was written.
+
+    An ``hf`` tokenizer writes its tokenizer.json back, with the files that sat next to it. Any
+    other tokenizer exports through its own ``to_hf_files()`` ({file name: text}; the bytes
+    tokenizer's is a byte-level tokenizer.json), which raises a SeqzooError when it cannot.
+    """
     from . import tokenizer as make_tokenizer
 
-    spec = model.recipe.get("tokenizer")
-    if not isinstance(spec, dict) or spec.get("kind") != "hf":
-        return
+    spec = model.recipe.get("tokenizer", "bytes")
+    kind = kind_of(spec)
     tok = make_tokenizer(model)
+    if kind != "hf":
+        export = getattr(tok, "to_hf_files", None)
+        if not callable(export):
+            warnings.warn(f"{folder}: no tokenizer written: the {kind!r} tokenizer has no Hugging Face "
+                          f"form (it defines no to_hf_files())", stacklevel=3)
+            return
+        try:
+            files = export()
+        except SeqzooError as error:  # the weights are still worth exporting
+            warnings.warn(f"{folder}: no tokenizer written: {error}", stacklevel=3)
+            return
+        for name, content in files.items():
+            write_text_atomic(folder / name, content)
+        return
     text = tok.to_str()
     if text is None:
+        warnings.warn(f"{folder}: no tokenizer written: the model was imported without a tokenizer.json",
+                      stacklevel=3)
         return
-    (folder / TOKENIZER).write_text(text, encoding="utf-8")
-    source = Path(spec["path"]).parent if spec.get("path") else None
+    write_text_atomic(folder / TOKENIZER, text)
+    source = Path(spec["path"]).parent if isinstance(spec, dict) and spec.get("path") else None
     copied = False
     if source is not None and source.is_dir() and source.resolve() != folder.resolve():
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
-                shutil.copyfile(source / name, folder / name)
+                atomic_write(folder / name, lambda tmp, name=name: shutil.copyfile(source / name, tmp))
                 copied = copied or name == "tokenizer_config.json"
     if not copied and not (folder / "tokenizer_config.json").exists():
         special = {key: tok.token(getattr(tok, f"{key.split('_')[0]}_id"))
                    for key in ("bos_token", "eos_token", "pad_token")}
         config = {"tokenizer_class": "PreTrainedTokenizerFast",
                   **{k: v for k, v in special.items() if v is not None}}
-        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_text_atomic(folder / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -592,7 +603,7 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 
     model = from_hf(args.folder, device="cpu", dtype=args.dtype)
     if args.recipe:
-        Path(args.recipe).write_text(yaml.safe_dump(model.recipe, sort_keys=False))
+        write_text_atomic(Path(args.recipe), yaml.safe_dump(model.recipe, sort_keys=False))
     save(model, args.output)
     total = sum(p.numel() for p in model.parameters())
     family = json.loads((Path(args.folder) / CONFIG).read_text(encoding="utf-8"))["model_type"]

@@ -21,7 +21,7 @@ def seqzoo_components() -> list:
     plugin is loaded by ``seqzoo.load_plugin``). Each record names its ``kind`` (``score``,
     ``position``, ``norm``, ``ffn``, ``cell``, ``model``, ``tokenizer``, ... or a new kind of the
     plugin's own), its registry ``name``, the class, optional ``aliases`` and a one-line
-    ``summary`` (the class docstring's first line when empty). The registry stamps every record
+    ``summary`` (the first line of the class's own docstring when empty). The registry stamps every record
     with the plugin, distribution and version it came from.
 
     The hook must not import anything heavy or touch the network: it runs on every ``seqzoo list``.

@@ -73,11 +73,13 @@ class Resolved:
 
 
 class _Source:
-    """A recipe being assembled: merged data and where each key path was written."""
+    """A recipe being assembled: merged data and where each key path was written. ``label`` names
+    a recipe that came as data rather than a file (the checkpoint it was stored in)."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str | None = None) -> None:
         self.data: dict = {}
         self.where: dict[tuple, Location] = {}
+        self.label = label
 
     def locate(self, path: tuple) -> Location:
         for end in range(len(path), -1, -1):
@@ -87,6 +89,9 @@ class _Source:
 
     def error(self, path: tuple, message: str) -> RecipeError:
         file, line = self.locate(tuple(path))
+        if file == "<recipe>" and self.label is not None:  # no lines to point at: name the key
+            return RecipeError(f"{self.label}: recipe key {dotted(path)}: {message}" if path
+                               else f"{self.label}: {message}")
         prefix = f"{file}:{line}: "
         return RecipeError(f"{prefix}{dotted(path)}: {message}" if path else f"{prefix}{message}")
 
@@ -188,12 +193,20 @@ def _find(ref: str, relative_to: Path | None) -> Path | None:
 
 def _load_file(path: Path, source: _Source, chain: tuple[Path, ...], file_label: str) -> dict:
     try:
+        with path.open("rb") as handle:
+            if _is_safetensors(handle.read(16)):
+                raise RecipeError(f"{file_label}: is a checkpoint (safetensors), not a YAML recipe; its recipe "
+                                  f"is inside it: `seqzoo train --init {file_label}` trains from its weights, "
+                                  f"`--resume` continues its run, `seqzoo generate {file_label}` runs it")
         if path.stat().st_size > MAX_RECIPE_BYTES:
             raise RecipeError(f"{file_label}:1: recipe is {path.stat().st_size:,} bytes, over the "
                               f"{MAX_RECIPE_BYTES:,}-byte limit for recipes")
         raw = path.read_bytes()
     except OSError as error:
         raise RecipeError(f"{file_label}:1: cannot read recipe: {error.strerror or error}") from None
+    if not raw.strip():
+        raise RecipeError(f"{file_label}:1: the recipe file is empty; a recipe needs at least a model: "
+                          f"section (or extends: a shipped recipe such as tiny-gpt)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -231,6 +244,12 @@ def _load_file(path: Path, source: _Source, chain: tuple[Path, ...], file_label:
     where.pop(("extends",), None)
     source.where.update(where)
     return merged
+
+
+def _is_safetensors(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a safetensors file: an 8-byte little-endian header
+    size, then the JSON header (YAML text never starts with 8 bytes and a brace)."""
+    return len(head) >= 10 and head[8:10] in (b'{"', b"{}") and int.from_bytes(head[:8], "little") >= 2
 
 
 def _label(path: Path) -> str:
@@ -293,16 +312,20 @@ def _apply_override(source: _Source, override: str, index: int) -> None:
 
 
 # -- the entry point -------------------------------------------------------------------------------
-def resolve(recipe: str | os.PathLike | dict, overrides: list[str] | None = None) -> Resolved:
-    """Load, merge, override and validate a recipe; raise one ``RecipeError`` on any problem."""
-    source = _Source()
+def resolve(recipe: str | os.PathLike | dict, overrides: list[str] | None = None, *,
+            label: str | None = None) -> Resolved:
+    """Load, merge, override and validate a recipe; raise one ``RecipeError`` on any problem.
+
+    ``label`` names where a dict recipe came from (a checkpoint's path), so errors say
+    ``LABEL: recipe key model.x: ...`` instead of pointing at a line it does not have."""
+    source = _Source(label)
     if isinstance(recipe, dict):
         source.data = copy.deepcopy(recipe)
         if "extends" in source.data:
             base_ref = source.data.pop("extends")
             base = _find(str(base_ref), None) if isinstance(base_ref, str) else None
             if base is None:
-                raise RecipeError(f"<recipe>:1: extends: no recipe {base_ref!r}")
+                raise source.error(("extends",), f"no recipe {base_ref!r}")
             inner = _Source()
             merged = _load_file(base, inner, (base.resolve(),), _label(base))
             source.where.update(inner.where)
@@ -335,9 +358,18 @@ def validate(source: _Source) -> Resolved:
             return registry_.resolve(kind, name, path)
         except SchemaError as error:
             if requirements:  # say which distribution the recipe expected to provide it
-                error.message = f"{error.message}; {_requires_hint(requirements, registry_)}"
+                hint, not_installed = _requires_hint(requirements, registry_)
+                # A missing distribution is the cause: say it first, without a did-you-mean that
+                # points at an unrelated built-in.
+                error.message = (f"{kind} {name!r} is not available: {hint}" if not_installed
+                                 else f"{error.message}; {hint}")
             raise
 
+    version = source.data.get("seqzoo", FORMAT_VERSION) if isinstance(source.data, dict) else FORMAT_VERSION
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise source.error(("seqzoo",), f"recipe format version {version!r} is not supported; this seqzoo "
+                                        f"reads version {FORMAT_VERSION} only (write seqzoo: "
+                                        f"{FORMAT_VERSION}, or upgrade seqzoo for newer recipes)")
     validator = Validator(resolve_component, lambda kind: CORE_ARGS.get(kind, ()))
     try:
         data = validator.params(_top_level, source.data, ())
@@ -483,8 +515,9 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
-def _requires_hint(requirements: list[Requirement], registry_) -> str:
-    """Why a component the recipe names may be missing, in terms of its ``requires:`` list."""
+def _requires_hint(requirements: list[Requirement], registry_) -> tuple[str, bool]:
+    """Why a component the recipe names may be missing, in terms of its ``requires:`` list, and
+    whether a required distribution is missing or too old (then that is the likely cause)."""
     from .registry import _canonical
 
     notes, satisfied = [], []
@@ -509,4 +542,5 @@ def _requires_hint(requirements: list[Requirement], registry_) -> str:
             else:
                 state = "installed but registers no seqzoo plugin"
             notes.append(f"{req.text}, and {req.name} {installed} is {state}")
-    return "the recipe requires " + "; and ".join(notes)
+        return "the recipe requires " + "; and ".join(notes), False
+    return "the recipe requires " + "; and ".join(notes), True

@@ -161,7 +161,7 @@ class Registry:
             return self.components[(kind, self.aliases[key])]
         if kind not in {k for k, _ in self.components}:
             raise RegistryError(unknown_name("component kind", kind, self.kinds()))
-        raise RegistryError(unknown_name(kind, name, self.names(kind)))
+        raise RegistryError(unknown_name(kind, name, self.names(kind), plugin_hint=True))
 
     def create(self, kind: str, name_or_spec: str | dict, /, *core_args: Any, **kwargs: Any):
         """Build a component from a name or a ``{kind: name, **params}`` spec.
@@ -323,8 +323,16 @@ def _skip(info: Plugin, reason: str) -> Plugin:
 
 
 def _doc_line(cls: object) -> str:
-    doc = inspect.getdoc(cls) if isinstance(cls, type) else None
-    return doc.strip().splitlines()[0] if doc else ""
+    """The first line of the class's own docstring, or "" without one. Not ``inspect.getdoc``: it
+    follows inheritance, and a bare subclass would be summarised by its interface's text."""
+    doc = own_doc(cls)
+    return doc.splitlines()[0] if doc else ""
+
+
+def own_doc(cls: object) -> str:
+    """The class's own docstring, cleaned, or "" (an inherited one does not count)."""
+    doc = cls.__dict__.get("__doc__") if isinstance(cls, type) else None
+    return inspect.cleandoc(doc) if isinstance(doc, str) else ""
 
 
 # -- built-in plugins ------------------------------------------------------------------------------

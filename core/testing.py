@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .interfaces import masked_softmax_attend, expand_kv
-from .registry import registry
+from .registry import own_doc, registry
 
 B, H, K, T, D, C = 2, 4, 2, 5, 8, 32  # small shapes: batch, heads, kv heads, length, head dim, width
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -25,12 +25,13 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One named check of one component: passed, failed (with why) or skipped (with why)."""
+    """One named check of one component: passed, failed (with why) or skipped (with why); or a
+    warning (``component_warnings``), which says what to improve but does not fail."""
 
     kind: str
     name: str
     check: str
-    status: str  # "passed" | "failed" | "skipped"
+    status: str  # "passed" | "failed" | "skipped" | "warned"
     detail: str = ""
 
     @property
@@ -474,6 +475,23 @@ def check_component(kind: str, name: str, **params: object) -> list[CheckResult]
         else:
             results.append(CheckResult(kind, component.name, check, "passed"))
     return results
+
+
+def component_warnings(kind: str, name: str) -> list[CheckResult]:
+    """What ``kind/name`` should improve without breaking its contract, as "warned" results.
+
+    Kept out of ``check_component``, whose results are the contract itself (suites compare them
+    check by check); ``seqzoo check`` prints both. Today: a class without a docstring of its own,
+    which leaves ``seqzoo list`` without a summary (an inherited docstring describes the
+    interface, not the component, so it does not count).
+    """
+    component = registry().get(kind, name)
+    if own_doc(component.cls):
+        return []
+    unlisted = "" if component.summary else "; `seqzoo list` shows no summary for it"
+    return [CheckResult(kind, component.name, "docstring", "warned",
+                        f"{component.cls.__name__} has no docstring of its own{unlisted}; add one "
+                        f"saying what it computes, its parameters and the paper")]
 
 
 def component_cases(kind: str) -> list[tuple[str, str]]:

@@ -12,14 +12,17 @@ import math
 import os
 import random
 import signal
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checkpoint import check_can_save
 from .errors import SeqzooError
 from .interfaces import Task, Tokenizer
 from .schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Spec, UnitInterval
@@ -79,6 +82,8 @@ class TrainConfig:
     entry every N steps (10). save_every: write the checkpoint every N steps (0 = at the end).
     seed: data, initialisation and dropout seed (0). precision: auto (bfloat16 autocast on CUDA,
     float32 on the CPU) | float32 | bfloat16. parallel: ddp | fsdp under torchrun (ddp).
+    init: a seqzoo checkpoint whose weights and tokenizer the run starts from (fine-tuning; the
+    recipe's model must have the same tensors), or null for a fresh initialisation.
     """
 
     task: Spec["task"] = "copy"
@@ -99,6 +104,7 @@ class TrainConfig:
     seed: NonNegativeInt = 0
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     parallel: Literal["ddp", "fsdp"] = "ddp"
+    init: str | None = None
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -367,6 +373,8 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     from .registry import registry
 
     dist_info = Distributed.from_env()
+    if output and dist_info.main:  # before the first step: a run must have somewhere to end up
+        check_can_save(output)
     device = next(model.parameters()).device
     task = registry().create("task", config.task)
     examples = Examples(model, tokenizer, task)
@@ -416,7 +424,7 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     finished = last
     result_eval = examples.evaluate(model, config, device)
     if output:
-        _save(output, model, base, optimizer, finished, config, history, dist_info)
+        _save_or_rescue(output, model, base, optimizer, finished, config, history, dist_info)
     rng = example_rng(config.seed, "eval")
     prompt = task.example(rng, "eval")[0]
     return RunResult(history, result_eval, examples.prompt_text(prompt) if examples.family == "causal" else prompt,
@@ -446,6 +454,23 @@ def _one_step(step: int, config: TrainConfig, task: Task, examples: Examples, ru
     return loss.item(), batch["labels"]
 
 
+def _save_or_rescue(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer,
+                    step: int, config: TrainConfig, history: list[dict], dist_info: Distributed) -> None:
+    """``_save`` at the end of a run; when that fails (disk full, folder removed, ...) the finished
+    run is written to a rescue file in the temp folder instead, and the error says where."""
+    try:
+        _save(output, model, base, optimizer, step, config, history, dist_info)
+    except (SeqzooError, OSError, ImportError) as error:
+        rescue = Path(tempfile.gettempdir()) / f"seqzoo-rescue-{os.getpid()}-{Path(output).name}"
+        try:
+            _save(str(rescue), model, base, optimizer, step, config, history, dist_info)
+        except (SeqzooError, OSError, ImportError):
+            raise error from None
+        raise TrainingError(f"could not save {output} ({error}); the finished run (step {step}) is saved "
+                            f"at {rescue} instead: copy it where you want it, or continue with "
+                            f"--resume {rescue}") from None
+
+
 def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer, step: int,
           config: TrainConfig, history: list[dict], dist_info: Distributed) -> None:
     """The model (as ``seqzoo.save`` writes it) plus optimizer state, step, RNG state and history,
@@ -465,13 +490,18 @@ def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim
          extra_metadata={"seqzoo.train": json.dumps(meta, default=str)})
 
 
+def check_resumable(path: str, metadata: dict[str, str]) -> None:
+    """A checkpoint written by ``train`` (optimizer state and step included), or a TrainingError."""
+    if "seqzoo.train" not in metadata:
+        raise TrainingError(f"{path}: not a training checkpoint (no optimizer state), so there is no run "
+                            f"to resume; to train from its weights use --init {path} (or train.init)")
+
+
 def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
     from .checkpoint import read_extras
 
     metadata, tensors = read_extras(path)
-    if "seqzoo.train" not in metadata:
-        raise TrainingError(f"{path}: not a training checkpoint (no optimizer state); train from it "
-                            f"with `seqzoo train` instead of --resume")
+    check_resumable(path, metadata)
     meta = json.loads(metadata["seqzoo.train"])
     load_train_state(model, optimizer, tensors, meta)
     torch.set_rng_state(tensors["rng.cpu"])

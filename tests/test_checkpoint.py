@@ -130,3 +130,25 @@ def test_save_meta_model_is_refused(tmp_path):
     model = seqzoo.build("tiny-gpt", device="meta")
     with pytest.raises(seqzoo.SeqzooError, match="device='meta'"):
         seqzoo.save(model, tmp_path / "m.safetensors")
+
+
+def test_load_on_a_missing_cuda_says_plainly_that_cuda_is_not_available(tmp_path, monkeypatch):
+    path = seqzoo.save(seqzoo.build("tiny-gpt", device="cpu"), tmp_path / "m.safetensors")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(seqzoo.SeqzooError, match=r"^device 'cuda': CUDA is not available on this machine \(.*\); "
+                                                 r"use cpu, or auto, which takes CUDA only when it is there$"):
+        seqzoo.load(path, device="cuda")
+
+
+def test_a_broken_embedded_recipe_names_the_checkpoint_and_the_key(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = seqzoo.save(seqzoo.build("tiny-gpt", device="cpu"), tmp_path / "my-gpt.safetensors")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    recipe = json.loads(metadata["seqzoo.recipe"])
+    recipe["model"]["attention"]["score"] = {"kind": "scaled_dt"}
+    save_file(load_file(str(path)), str(path), metadata={**metadata, "seqzoo.recipe": json.dumps(recipe)})
+    with pytest.raises(seqzoo.CheckpointError, match=r"my-gpt\.safetensors: recipe key model\.attention\.score\.kind: "
+                                                     r"unknown score 'scaled_dt'"):
+        seqzoo.load(path)

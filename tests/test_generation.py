@@ -93,3 +93,59 @@ def test_generated_ids_feed_straight_into_a_training_step(tiny_gpt):
     tiny_gpt.train()
     tiny_gpt(out[:, :-1], targets=out[:, 1:]).backward()
     assert tiny_gpt.embed.weight.grad is not None
+
+
+# -- the first hour: defaults and limits a new user meets ----------------------------------------------
+def _eos_first(model: torch.nn.Module) -> torch.nn.Module:
+    """Make the tokenizer's eos (258 for bytes) the most likely next token everywhere."""
+    bias = torch.zeros(259)
+    bias[258] = 1e4
+    model.lm_head.bias = torch.nn.Parameter(bias)
+    return model
+
+
+def test_generate_stops_at_the_tokenizers_eos_by_default(tiny_gpt):
+    model = _eos_first(tiny_gpt)
+    ids = torch.tensor([[104, 105], [106, 107]])
+    out = seqzoo.generate(model, ids, 10)
+    assert out.tolist() == [[104, 105, 258], [106, 107, 258]]  # stopped: every row ended
+    never = seqzoo.generate(model, ids, 10, eos_id=None)  # an explicit None never stops
+    assert never.shape == (2, 12) and (never[:, 2:] == 258).all()
+
+
+def test_generate_list_default_eos_cuts_each_answer(tiny_gpt):
+    model = _eos_first(tiny_gpt)
+    outs = seqzoo.generate(model, [torch.tensor([1, 2, 3]), torch.tensor([4])], 5)
+    assert [o.tolist() for o in outs] == [[1, 2, 3, 258], [4, 258]]
+
+
+def test_generate_stops_at_the_learned_position_limit_with_a_warning(tiny_gpt):
+    ids = torch.randint(0, 256, (1, 250))
+    with pytest.warns(UserWarning, match=r"stopping after 7 new tokens instead of 20: a 250-token prompt leaves "
+                                         r"room for 7 before the model's 256-position limit"):
+        out = seqzoo.generate(tiny_gpt, ids, 20, eos_id=None)
+    assert out.shape == (1, 257)
+    assert torch.equal(out, seqzoo.generate(tiny_gpt, ids, 7, eos_id=None))  # the same tokens, no loss
+
+
+def test_generate_refuses_a_prompt_longer_than_the_position_table(tiny_gpt):
+    with pytest.raises(seqzoo.InputError, match=r"the prompt has 300 tokens but the model reads at most 256 "
+                                                r"positions"):
+        seqzoo.generate(tiny_gpt, torch.zeros(1, 300, dtype=torch.long), 4)
+
+
+def test_beam_search_refuses_sampling_options(tiny_gpt):
+    for options in ({"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.9}):
+        with pytest.raises(seqzoo.InputError, match=r"beam search \(beam_size=3\) keeps the most likely "
+                                                    r"hypotheses and does not sample"):
+            seqzoo.generate(tiny_gpt, torch.tensor([[1, 2]]), 4, beam_size=3, **options)
+
+
+def test_cli_generate_past_the_limit_keeps_its_output(tmp_path, capsys):
+    from seqzoo.cli import main
+
+    ckpt = seqzoo.save(seqzoo.build("tiny-gpt", device="cpu"), tmp_path / "m.safetensors")
+    assert main(["generate", str(ckpt), "--ids", ",".join(["97"] * 250), "--max-new-tokens", "20"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.strip().split(",")) <= 257
+    assert captured.err.startswith("seqzoo: warning: stopping after 7 new tokens instead of 20")

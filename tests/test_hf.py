@@ -141,7 +141,7 @@ def test_greedy_generation_with_kv_cache_equals_transformers_generate(imported, 
     new = DECODERS[name][1] + 4 - length  # the dynamic case decodes past L = 16
     ids, mask = left_padded(length, pad=2)
     theirs = hf_greedy(hf, ids, mask, new)
-    ours = seqzoo.generate(model, ids, new, attention_mask=mask)
+    ours = seqzoo.generate(model, ids, new, attention_mask=mask, eos_id=None)  # full length, as theirs
     assert ours.tolist() == theirs.tolist()
 
 

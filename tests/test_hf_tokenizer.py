@@ -2,6 +2,7 @@
 travels inside seqzoo checkpoints (so they need no other file) and is written back by ``to_hf``."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
@@ -154,3 +155,78 @@ def test_save_warns_when_the_tokenizer_file_is_gone(tmp_path):
     with pytest.warns(UserWarning, match=message):
         path = seqzoo.save(model, tmp_path / "m.safetensors")
     assert "seqzoo.tokenizer" not in read_metadata(path)
+
+
+# -- the bytes tokenizer exported as a byte-level tokenizer.json ------------------------------------
+TEXTS = ["hello world", "héllo 😀", " two  spaces,\ttab\nand a . , ! ?", "",
+         "<|eos|> <|pad|> is text too", "".join(chr(c) for c in range(1, 0x800, 7)) + "中文 ∑ 𝔘 \U0010fffd"]
+
+
+@pytest.fixture
+def bytes_folder(tmp_path):
+    """tiny-gpt (bytes tokenizer) exported with to_hf."""
+    model = seqzoo.build("tiny-gpt")
+    return seqzoo.tokenizer(model), seqzoo.to_hf(model, tmp_path / "out")
+
+
+def test_bytes_tokenizer_export_encodes_like_seqzoo_in_transformers(bytes_folder):
+    tok, out = bytes_folder
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    hf = transformers.AutoTokenizer.from_pretrained(out)
+    for text in TEXTS:
+        ids = hf(text)["input_ids"]  # no bos/eos added, as seqzoo adds none
+        assert ids == tok.encode(text), text
+        assert hf.decode(ids) == text
+    assert len(hf) == tok.vocab_size == 259
+
+
+def test_bytes_tokenizer_export_encodes_like_seqzoo_in_tokenizers(bytes_folder):
+    tok, out = bytes_folder
+    backend = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    for text in TEXTS[:4] + TEXTS[5:]:  # plain tokenizers matches special-token text (no split flag)
+        assert backend.encode(text).ids == tok.encode(text), text
+        assert backend.decode(tok.encode(text)) == text
+    assert backend.decode([tok.bos_id, *tok.encode("hé"), tok.eos_id, tok.pad_id]) == "hé"
+    assert backend.get_vocab_size() == tok.vocab_size
+
+
+def test_bytes_tokenizer_export_names_seqzoo_special_ids(bytes_folder):
+    tok, out = bytes_folder
+    hf = transformers.AutoTokenizer.from_pretrained(out)
+    assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (tok.pad_id, tok.bos_id, tok.eos_id)
+    assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (256, 257, 258)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (256, 257, 258)
+    backend = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    special = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+    assert special == {hf.pad_token: 256, hf.bos_token: 257, hf.eos_token: 258}
+    assert hf.decode([257, *tok.encode("hi"), 258, 256], skip_special_tokens=True) == "hi"
+
+
+def test_bytes_tokenizer_export_works_in_a_pipeline(bytes_folder):
+    _, out = bytes_folder
+    generate = transformers.pipeline("text-generation", model=str(out), device="cpu")
+    text = generate("héllo", max_new_tokens=3, do_sample=False)[0]["generated_text"]
+    assert isinstance(text, str) and text.startswith("héllo")
+
+
+def test_export_without_the_tokenizers_package_warns_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.warns(UserWarning, match=r"no tokenizer written: .*needs the 'tokenizers' package"):
+        out = seqzoo.to_hf(seqzoo.build("tiny-gpt"), tmp_path / "out")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_tokenizer_with_no_hf_form_warns(tmp_path, monkeypatch):
+    monkeypatch.delattr(seqzoo.registry().get("tokenizer", "bytes").cls, "to_hf_files")
+    with pytest.warns(UserWarning, match=r"no tokenizer written: the 'bytes' tokenizer has no Hugging Face form"):
+        out = seqzoo.to_hf(seqzoo.build("tiny-gpt"), tmp_path / "out")
+    assert not (out / "tokenizer.json").exists()
+
+
+def test_cli_export_hf_says_in_one_line_that_no_tokenizer_was_written(tmp_path, monkeypatch, capsys):
+    ckpt = seqzoo.save(seqzoo.build("tiny-gpt"), tmp_path / "m.safetensors")
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    assert cli("export-hf", str(ckpt), str(tmp_path / "out")) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "no tokenizer written" in line]
+    assert len(warning) == 1 and warning[0].startswith("seqzoo: warning: ")

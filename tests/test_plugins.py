@@ -151,20 +151,6 @@ def seqzoo_components():
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """``fresh()`` builds a registry from the current environment and makes it the process-wide one
-    until the test ends."""
-    for var in ("SEQZOO_PLUGINS", "SEQZOO_DISABLE_PLUGINS", "SEQZOO_STRICT_PLUGINS"):
-        monkeypatch.delenv(var, raising=False)
-
-    def build() -> registry_module.Registry:
-        monkeypatch.setattr(registry_module, "_registry", None)
-        return registry_module.registry()
-
-    return build
-
-
-@pytest.fixture
 def site(tmp_path, monkeypatch):
     """A folder on sys.path where ``install`` fakes installed distributions with entry points."""
     root = tmp_path / "site"
@@ -447,7 +433,7 @@ def test_recipe_requires_entry_is_not_imported(tmp_path, fresh, monkeypatch):
     fresh()
     write_plugin(tmp_path, EVIL, "evil.py")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(seqzoo.RecipeError, match=r"unknown score 'evil'; .*the recipe requires evil, which is not installed"):
+    with pytest.raises(seqzoo.RecipeError, match=r"score 'evil' is not available: the recipe requires evil, which is not installed"):
         resolve(with_score("evil", requires=["evil"]))
     assert not (tmp_path / "evil.imported").exists() and "evil" not in sys.modules
 
@@ -455,8 +441,9 @@ def test_recipe_requires_entry_is_not_imported(tmp_path, fresh, monkeypatch):
 # -- requires: ---------------------------------------------------------------------------------------
 def test_requires_names_a_missing_distribution(fresh):
     fresh()
-    with pytest.raises(seqzoo.RecipeError, match=r"model\.attention\.score: unknown score 'manhattan'; "
-                                                 r"available: .*; the recipe requires seqzoo-acme>=1\.2, which is not "
+    # The missing distribution is the cause, so it comes first, with no did-you-mean.
+    with pytest.raises(seqzoo.RecipeError, match=r"model\.attention\.score: score 'manhattan' is not available: "
+                                                 r"the recipe requires seqzoo-acme>=1\.2, which is not "
                                                  r"installed \(pip install 'seqzoo-acme>=1\.2'\)$"):
         resolve(with_score("manhattan", requires=["seqzoo-acme>=1.2"]))
 
@@ -549,10 +536,11 @@ def test_checkpoint_records_origins_and_load_is_quiet_when_they_match(site, fres
         seqzoo.load(path)
 
 
-def _saved_with_acme(site, fresh, tmp_path, version: str) -> Path:
+def _saved_with_acme(site, fresh, tmp_path, version: str, recipe: dict | None = None) -> Path:
     module = site(GOOD, dist="seqzoo-acme", version=version, entry="acme")
     fresh()
-    path = seqzoo.save(seqzoo.build(with_score("manhattan"), device="cpu"), tmp_path / "m.safetensors")
+    recipe = recipe or with_score("manhattan")
+    path = seqzoo.save(seqzoo.build(recipe, device="cpu"), tmp_path / "m.safetensors")
     for info in (tmp_path / "site").glob("*.dist-info"):  # "uninstall" it
         for file in info.iterdir():
             file.unlink()
@@ -561,13 +549,33 @@ def _saved_with_acme(site, fresh, tmp_path, version: str) -> Path:
     return path
 
 
-def test_load_warns_naming_the_distribution_when_its_plugin_is_missing(site, fresh, tmp_path):
+def test_load_names_the_distribution_when_its_plugin_is_missing(site, fresh, tmp_path):
     path = _saved_with_acme(site, fresh, tmp_path, "1.2.0")
     fresh()
-    with pytest.warns(ProvenanceWarning, match=r"m\.safetensors: score 'manhattan' was saved from seqzoo-acme 1\.2\.0, "
-                                               r"which is not loaded here; pip install 'seqzoo-acme==1\.2\.0'"):
-        with pytest.raises(seqzoo.CheckpointError, match=r"its recipe no longer builds: .*unknown score 'manhattan'"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one error, not a warning and then a different error
+        with pytest.raises(seqzoo.CheckpointError,
+                           match=r"m\.safetensors: recipe key model\.attention\.score: score 'manhattan' comes from "
+                                 r"seqzoo-acme 1\.2\.0, which is not installed here; pip install 'seqzoo-acme==1\.2\.0'$"):
             seqzoo.load(path)
+
+
+def test_load_of_a_missing_plugin_gives_the_recipes_own_requirement(site, fresh, tmp_path):
+    recipe = with_score("manhattan", requires=["seqzoo-acme>=1.0"])
+    path = _saved_with_acme(site, fresh, tmp_path, "1.2.0", recipe)
+    fresh()
+    with pytest.raises(seqzoo.CheckpointError) as caught:
+        seqzoo.load(path)
+    assert "pip install 'seqzoo-acme>=1.0'" in str(caught.value)
+    with pytest.raises(seqzoo.RecipeError, match=r"pip install 'seqzoo-acme>=1\.0'"):
+        resolve(recipe)
+
+
+def test_unknown_name_without_a_close_match_mentions_missing_plugins(fresh):
+    fresh()
+    with pytest.raises(seqzoo.RecipeError, match=r"unknown score 'qqqqzz'; available: .*; it may come from a plugin "
+                                                 r"that is not installed \(`seqzoo plugins` lists the loaded ones\)"):
+        resolve(with_score("qqqqzz"))
 
 
 def test_load_warns_when_the_plugin_is_a_different_major_version(site, fresh, tmp_path):
@@ -605,10 +613,9 @@ def test_load_never_imports_a_local_plugin_named_in_the_checkpoint(tmp_path, fre
     fresh()
     assert main(["generate", str(checkpoint), "--ids", "1,2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == (f"seqzoo: warning: {checkpoint}: score 'manhattan' was saved from local plugin "
-                      f"{path.resolve()}, which is not loaded here; load it with seqzoo --plugin {path.resolve()} "
-                      f"or SEQZOO_PLUGINS")
-    assert err[1].startswith("seqzoo: error: ") and len(err) == 2
+    assert err == [f"seqzoo: error: {checkpoint}: recipe key model.attention.score: score 'manhattan' comes from "
+                   f"local plugin {path.resolve()}, which is not loaded here; load it with seqzoo --plugin "
+                   f"{path.resolve()} or SEQZOO_PLUGINS"]
     assert not path.with_suffix(".imported").exists()
 
 

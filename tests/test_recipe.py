@@ -134,7 +134,9 @@ def test_unknown_model_kind_suggests(tmp_path):
 
 
 def test_format_version_must_be_1(tmp_path):
-    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:1: seqzoo: 2 is not one of 1"):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:1: seqzoo: recipe format version 2 is not supported; "
+                                                 r"this seqzoo reads version 1 only \(write seqzoo: 1, or upgrade "
+                                                 r"seqzoo for newer recipes\)$"):
         resolve(write(tmp_path, "r.yaml", TINY.replace("seqzoo: 1", "seqzoo: 2")))
 
 
@@ -206,3 +208,26 @@ def test_dict_recipe_extending_a_file_reports_its_own_keys_as_the_dict():
     # a key the dict does not set keeps the base file's line
     with pytest.raises(seqzoo.RecipeError, match=r"tiny-gpt\.yaml:\d+: model\.attention\.heads: dim=30 must be divisible by heads=4"):
         resolve({"extends": "tiny-gpt", "model": {"dim": 30}})
+
+
+# -- the first hour: errors that name the file, the key and the fix -----------------------------------
+def test_empty_recipe_file_says_it_is_empty(tmp_path):
+    path = write(tmp_path, "empty.yaml", "\n\n")
+    with pytest.raises(seqzoo.RecipeError, match=r"empty\.yaml:1: the recipe file is empty; a recipe needs at "
+                                                 r"least a model: section"):
+        resolve(path)
+
+
+def test_a_dict_recipe_with_a_label_names_it_and_the_key():
+    recipe = resolve("tiny-gpt").data
+    recipe["model"]["attention"]["score"] = {"kind": "scaled_dt"}
+    with pytest.raises(seqzoo.RecipeError, match=r"^my-gpt\.safetensors: recipe key model\.attention\.score\.kind: "
+                                                 r"unknown score 'scaled_dt'; did you mean 'scaled_dot'\?$"):
+        resolve(recipe, label="my-gpt.safetensors")
+
+
+def test_a_checkpoint_given_as_a_recipe_is_recognised(tmp_path):
+    ckpt = seqzoo.save(seqzoo.build("tiny-gpt", device="cpu"), tmp_path / "m.safetensors")
+    with pytest.raises(seqzoo.RecipeError, match=r"m\.safetensors: is a checkpoint \(safetensors\), not a YAML "
+                                                 r"recipe"):
+        resolve(ckpt)

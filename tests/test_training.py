@@ -144,3 +144,130 @@ def test_torchrun_two_cpu_processes_ddp_and_fsdp_agree(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
     assert any(not torch.equal(a, c) for a, c in zip(outputs["ddp"].state_dict().values(),
                                                       single.state_dict().values()))
+
+
+# -- the first hour: a run is never lost, resume and init say what they do ---------------------------
+def test_safetensors_is_declared_with_its_torch_extra():
+    """safetensors needs numpy to save torch tensors and declares that only through its extra; the
+    CPU torch wheel brings no numpy, so seqzoo must ask for the extra itself."""
+    from importlib.metadata import requires
+
+    declared = [r for r in requires("seqzoo") or [] if r.startswith("safetensors") and "extra ==" not in r]
+    assert declared and all("[torch]" in r for r in declared), declared
+
+
+NO_NUMPY = """
+import sys
+sys.modules["numpy"] = None  # as on a fresh CPU torch install: `import numpy` fails, find_spec says None
+from seqzoo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_train_without_numpy_refuses_before_the_first_step(tmp_path):
+    out = subprocess.run([sys.executable, "-c", NO_NUMPY, "train", "tiny-gpt", "-o", str(tmp_path / "m.safetensors"),
+                          "--set", "train.steps=100000", "--quiet"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    # (torch itself warns that it found no numpy; seqzoo's own output is the one error line)
+    assert [line for line in out.stderr.splitlines() if line.startswith("seqzoo")] == [
+        "seqzoo: error: cannot save checkpoints here: safetensors needs numpy to save torch tensors and it is "
+        "not installed (pip install 'safetensors[torch]')"]
+
+
+def test_train_refuses_an_output_folder_that_does_not_exist(tmp_path, capsys):
+    target = tmp_path / "missing" / "m.safetensors"
+    assert main(["train", "tiny-gpt", "-o", str(target), "--set", "train.steps=100000", "--quiet"]) == 2
+    assert f"folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+
+
+def test_a_failed_save_at_the_end_rescues_the_finished_run(tmp_path, monkeypatch):
+    import seqzoo.training as training_module
+
+    model = seqzoo.build("tiny-gpt", device="cpu")
+    target = tmp_path / "gone" / "m.safetensors"
+    target.parent.mkdir()
+    real_save = training_module._save
+
+    def save_after_the_folder_vanished(output, *args):
+        if output == str(target):
+            target.parent.rmdir()  # e.g. a cleaned scratch folder: the save itself fails
+        return real_save(output, *args)
+
+    monkeypatch.setattr(training_module, "_save", save_after_the_folder_vanished)
+    with pytest.raises(TrainingError, match=r"could not save .*m\.safetensors .*; the finished run \(step 3\) is "
+                                            r"saved at (\S+) instead") as caught:
+        train(model, config(steps=3), seqzoo.tokenizer(model), output=str(target), quiet=True)
+    rescue = str(caught.value).split(" is saved at ")[1].split(" instead")[0]
+    try:
+        restored = seqzoo.load(rescue)
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), restored.state_dict().values()))
+    finally:
+        os.unlink(rescue)
+
+
+@pytest.fixture
+def trained(tmp_path):
+    ckpt = tmp_path / "gpt.safetensors"
+    assert main(["train", "tiny-gpt", "-o", str(ckpt), "--quiet", "--set", "train.steps=4",
+                 "--set", "train.eval_examples=4"]) == 0
+    return ckpt
+
+
+def test_resume_with_another_model_recipe_is_refused_naming_the_key(trained, capsys):
+    capsys.readouterr()
+    assert main(["train", "tiny-llama", "--resume", str(trained), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"seqzoo: error: --resume {trained}: tiny-llama differs from the "
+                                               f"checkpoint's recipe at model.")
+
+
+def test_resume_with_another_task_is_refused(trained, capsys):
+    capsys.readouterr()
+    assert main(["train", "tiny-gpt", "--resume", str(trained), "--set", "train.task=reverse", "--quiet"]) == 2
+    assert "differs from the checkpoint's recipe at train.task.kind ('reverse' here, 'copy' in the checkpoint)" in \
+        capsys.readouterr().err
+
+
+def test_resume_prints_deliberate_train_changes_and_uses_the_checkpoints_recipe(trained, capsys):
+    capsys.readouterr()
+    assert main(["train", "--resume", str(trained), "--set", "train.steps=6", "--set", "train.eval_examples=4",
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "resume: train.steps: 4 -> 6" in err
+    assert seqzoo.load(trained).recipe["model"] == resolve("tiny-gpt").data["model"]
+
+
+def test_resume_from_a_plain_checkpoint_points_to_init(tmp_path, capsys):
+    plain = seqzoo.save(seqzoo.build("tiny-gpt", device="cpu"), tmp_path / "plain.safetensors")
+    assert main(["train", "tiny-gpt", "--resume", str(plain), "--quiet"]) == 2
+    assert f"use --init {plain}" in capsys.readouterr().err
+
+
+def test_init_starts_from_the_checkpoints_weights(trained, tmp_path, capsys):
+    out = tmp_path / "tuned.safetensors"
+    start = seqzoo.load(trained)
+    assert main(["train", "tiny-gpt", "--init", str(trained), "-o", str(out), "--quiet",
+                 "--set", "train.steps=1", "--set", "train.eval_examples=4", "--set", "train.lr=1e-12",
+                 "--set", "train.warmup=0"]) == 0
+    assert f"init: weights and tokenizer from {trained}" in capsys.readouterr().err
+    tuned = seqzoo.load(out)
+    # One step at a vanishing learning rate: the weights are the checkpoint's, not a fresh init.
+    for (name, a), b in zip(start.state_dict().items(), tuned.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_train_init_in_the_recipe_that_does_not_fit_names_the_tensors(trained, tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"extends: tiny-gpt\nmodel: {{dim: 32}}\ntrain: {{init: {trained}}}\n")
+    assert main(["train", str(recipe), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"r.yaml:3: train.init: {trained}: weights do not match the recipe: wrong shapes" in err
+
+
+def test_train_given_a_checkpoint_as_the_recipe_says_what_to_do(trained, capsys):
+    assert main(["train", str(trained)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"seqzoo: error: {trained}: is a checkpoint (safetensors), not a YAML recipe; its recipe is "
+                   f"inside it: `seqzoo train --init {trained}` trains from its weights, `--resume` continues its "
+                   f"run, `seqzoo generate {trained}` runs it")
