@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import seqzoo  # noqa: E402
 from reference_gpt import ReferenceGPT  # noqa: E402
+
+import seqzoo  # noqa: E402
 
 
 @dataclass
@@ -206,7 +207,8 @@ def isolated_medians(names: list[str], s: Shapes, quick: bool) -> dict[str, floa
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:
-            command = [sys.executable, __file__, "--worker", name, "--steps", str(steps)] + (["--quick"] if quick else [])
+            command = [sys.executable, __file__, "--worker", name, "--steps", str(steps)]
+            command += ["--quick"] if quick else []
             out = subprocess.run(command, capture_output=True, text=True, check=True)
             times[name] += json.loads(out.stdout.strip().splitlines()[-1])
     return {name: statistics.median(values) for name, values in times.items() if values}
@@ -257,13 +259,14 @@ def bench_generation(table: Table, s: Shapes, quick: bool) -> None:
         for batch in (1, 8):
             ids = torch.randint(1, s.vocab, (batch, s.prompt))
 
+            # Both closures run within this iteration, so reading the loop's variables is meant.
             def hf_run() -> Tensor:
                 with torch.inference_mode():
-                    return hf_model.generate(ids, max_new_tokens=s.new_tokens, do_sample=False,
-                                             pad_token_id=0, attention_mask=torch.ones_like(ids))
+                    return hf_model.generate(ids, max_new_tokens=s.new_tokens, do_sample=False,  # noqa: B023
+                                             pad_token_id=0, attention_mask=torch.ones_like(ids))  # noqa: B023
 
             def our_run(compile: bool = not quick) -> Tensor:
-                return seqzoo.generate(ours, ids, s.new_tokens, compile=compile)
+                return seqzoo.generate(ours, ids, s.new_tokens, compile=compile)  # noqa: B023
 
             start = time.perf_counter()
             first = our_run()  # compiles (once per model structure and batch size)

@@ -19,28 +19,9 @@ from .errors import CheckpointError, ConfigError, InputError, RecipeError, Regis
 from .generation import generate
 from .hf import from_hf, to_hf
 from .hookspecs import hookimpl
-from .registry import Component, Plugin, Registry, load_plugin, registry
+from .registry import Component, Plugin, Registry, load_plugin, registry, tokenizer
 
 __version__ = "0.1.0"
-
-
-def tokenizer(model_or_recipe):
-    """The tokenizer named by a model's (or a resolved recipe's) ``tokenizer:`` section.
-
-    A model that carries its tokenizer's serialised form (``model.tokenizer_state``, set by
-    ``seqzoo.load`` and ``seqzoo.from_hf``) rebuilds it from that (``cls.from_str``), so it needs
-    no file outside the checkpoint.
-    """
-    recipe = getattr(model_or_recipe, "recipe", model_or_recipe)
-    state = getattr(model_or_recipe, "tokenizer_state", None)
-    if state is not None:
-        spec = recipe["tokenizer"]
-        params = {"kind": spec} if isinstance(spec, str) else dict(spec)
-        cls = registry().get("tokenizer", params.pop("kind")).cls
-        if callable(getattr(cls, "from_str", None)):
-            return cls.from_str(state, **params)
-    return registry().create("tokenizer", recipe["tokenizer"])
-
 
 __all__ = [
     "CheckpointError", "Component", "ConfigError", "InputError", "Plugin", "RecipeError", "Registry",

@@ -1,20 +1,24 @@
-"""Multi-head attention: projections, grouped KV heads, masks, KV cache, and the hooks.
+"""Multi-head attention as a token mixer: projections, grouped KV heads, masks, the KV slice of
+the decode cache, and the position hooks.
 
 The score component decides how queries meet keys (``attend``); the position scheme rotates q/k
-and adds biases. Everything that depends only on positions (masks, key positions) is computed once
-per forward in ``AttentionInputs`` and shared by every layer.
+and adds biases. Everything that depends only on positions (masks, key positions, the scheme's
+prepared tables) is computed once per forward per distinct configuration, in a ``MixerContext``
+built by ``self_attention_inputs``, and shared by every layer of that configuration. The parts
+(score, QK norms) are built by the caller and handed in.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from .cache import KVCache
-from .interfaces import PositionScheme
+from .cache import KVCache, KVSlice
+from .interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction, expand_kv, masked_softmax_attend, softcap
 from .linear import Linear
-from .schema import Depth, PositiveInt, Probability, SchemaError, Size, Spec
+from .schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
 
 
 @dataclass(frozen=True)
@@ -24,10 +28,15 @@ class AttentionConfig:
     heads: query heads H. kv_heads: key/value heads K (null = heads; 1 = MQA; else GQA, H % K == 0).
     head_dim: D (null = dim // heads). score: the score component (default ``scaled_dot``).
     bias: biases on the q/k/v projections, and on the output projection unless ``out_bias`` says
-    otherwise (null = same as bias; Qwen2 has q/k/v biases but none on the output). window: sliding window W — a query sees itself
-    and the W - 1 keys before it (null = unlimited). dropout: on attention weights while training.
-    qk_norm: a norm applied to each head's q and k over D before the position hook (Qwen3,
-    Gemma-3; weight shared across heads), or null.
+    otherwise (null = same as bias; Qwen2 has q/k/v biases but none on the output). window:
+    sliding window W — a query sees itself and the W - 1 keys before it (null = unlimited).
+    dropout: on attention weights while training.
+    qk_norm: a norm applied to q and k before the position hook, or null; qk_norm_scope says over
+    what: ``head`` — each head's D features, one weight shared by the heads (Qwen3, Gemma 3) —
+    or ``projection`` — the whole H·D (K·D for keys) projection before it is split into heads
+    (OLMo 2). softcap: cap the attention logits at c·tanh(z/c) after scaling, before the mask
+    (Gemma 2; null = off). sinks: a learned logit per head that joins the softmax denominator
+    and attends to nothing (gpt-oss; false).
     """
 
     heads: Depth
@@ -39,6 +48,9 @@ class AttentionConfig:
     window: PositiveInt | None = None
     dropout: Probability = 0.0
     qk_norm: Spec["norm"] | None = None
+    qk_norm_scope: Literal["head", "projection"] = "head"
+    softcap: PositiveFloat | None = None
+    sinks: bool = False
 
 
 def check_attention(attention: dict, dim: int, path: tuple) -> None:
@@ -50,29 +62,6 @@ def check_attention(attention: dict, dim: int, path: tuple) -> None:
         raise SchemaError((*path, "heads"), f"dim={dim} must be divisible by heads={heads} (or set head_dim)")
 
 
-@dataclass
-class AttentionInputs:
-    """Per-forward attention context, shared by all layers of a stack.
-
-    q_pos (B|1, T) and k_pos (B|1, S) are absolute positions; ``mask`` is boolean (B|1, 1, T, S),
-    True where a query may attend, or None with ``causal`` telling the kernel to apply a plain
-    top-left causal mask itself (no cache, no padding, no window: the fused fast path).
-    """
-
-    position: PositionScheme
-    q_pos: Tensor
-    k_pos: Tensor
-    mask: Tensor | None
-    causal: bool
-    cache: KVCache | None = None
-    #: ``position.prepare(q_pos, k_pos)`` as keyword arguments for its hooks ({} when unused).
-    prepared: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if type(self.position).prepare is not PositionScheme.prepare:
-            self.prepared = {"prepared": self.position.prepare(self.q_pos, self.k_pos)}
-
-
 def self_attention_inputs(
     position: PositionScheme,
     q_pos: Tensor,
@@ -81,11 +70,14 @@ def self_attention_inputs(
     cache: KVCache | None = None,
     key_padding: Tensor | None = None,
     window: int | None = None,
-) -> AttentionInputs:
+    prepared: dict | None = None,
+) -> MixerContext:
     """Positions and mask for self-attention over ``T`` new tokens after ``cache.length`` cached ones.
 
     q_pos (B|1, T); key_padding (B, S) with True/1 for real tokens over *all* S keys (cached + new).
     Causality is by slot (bottom-right aligned when there is a cache); the window counts slots too.
+    ``prepared``: the scheme's prepared tables from another context of this forward (another
+    window), so they are not computed again.
     """
     t = q_pos.shape[-1]
     past = cache.length if cache is not None else 0
@@ -96,13 +88,14 @@ def self_attention_inputs(
         cached = cache.positions[:, :past]
         b = max(cached.shape[0], q_pos.shape[0])
         k_pos = torch.cat([cached.expand(b, past), q_pos.expand(b, t)], dim=-1)
+    padding = key_padding[:, -t:] if key_padding is not None else None
     if key_padding is None and window is None:
         if not causal or t == 1:
             # Nothing to hide: no causality, or one new token that may see every earlier key.
-            return AttentionInputs(position, q_pos, k_pos, None, False, cache)
+            return MixerContext(position, q_pos, k_pos, None, False, cache, prepared=prepared)
         if past == 0:
             # The kernel's own top-left causal mask is exact when nothing is cached (fused path).
-            return AttentionInputs(position, q_pos, k_pos, None, True, cache)
+            return MixerContext(position, q_pos, k_pos, None, True, cache, prepared=prepared)
     q_slot = torch.arange(past, s, device=device)[:, None]
     k_slot = torch.arange(s, device=device)[None, :]
     allowed = torch.ones(t, s, dtype=torch.bool, device=device)
@@ -113,72 +106,110 @@ def self_attention_inputs(
     mask = allowed[None, None]
     if key_padding is not None:
         mask = mask & key_padding.bool()[:, None, None, :]
-    return AttentionInputs(position, q_pos, k_pos, mask, False, cache)
+    return MixerContext(position, q_pos, k_pos, mask, False, cache, padding=padding, prepared=prepared)
 
 
 def static_attention_inputs(position: PositionScheme, q_pos: Tensor, cache: KVCache, *,
-                            window: int | None = None) -> AttentionInputs:
-    """One new token per row, written at the ``slot`` of a static cache: it attends over all
-    max_len slots, masked to the valid ones (causality holds by construction: later slots are
-    not valid yet). Fixed shapes and no Python number read from the cache, so a compiled decode
-    step never recompiles. q_pos (B|1, 1)."""
-    valid = cache.write_static(q_pos)  # (B, max_len)
+                            window: int | None = None, prepared: dict | None = None) -> MixerContext:
+    """One new token per row at the ``slot`` of a static cache (``cache.write_static`` already
+    marked it valid): it attends over all max_len slots, masked to the valid ones (causality holds
+    by construction: later slots are not valid yet). Fixed shapes and no Python number read from
+    the cache, so a compiled decode step never recompiles. q_pos (B|1, 1)."""
+    valid = cache.valid  # (B, max_len)
     if window is not None:
         slots = torch.arange(cache.max_len, device=valid.device)
         valid = valid & (cache.slot - slots < window)
-    return AttentionInputs(position, q_pos, cache.positions, valid[:, None, None, :], False, cache)
+    return MixerContext(position, q_pos, cache.positions, valid[:, None, None, :], False, cache, static=True,
+                        prepared=prepared)
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention with H query heads and K key/value heads (MHA, GQA, MQA).
+class MultiHeadAttention(Mixer):
+    """Multi-head attention with H query heads and K key/value heads (MHA, GQA, MQA), as a mixer.
 
-    Self-attention uses one fused q/k/v projection; cross-attention projects queries from x and
-    keys/values from the memory. The score is a registered ``score`` component (per-head dims D).
+    Self-attention uses one fused q/k/v projection; cross-attention (``cross``) projects queries
+    from x and keys/values from the memory. ``score`` is a ``ScoreFunction`` over per-head dims D;
+    ``q_norm``/``k_norm`` (QK-norm) act per head (over D) or, with ``qk_norm_scope="projection"``,
+    over the whole projection (over H·D and K·D). ``window``: the sliding window the owning stack
+    masks with. ``softcap``: c·tanh(z/c) on the logits (then the explicit softmax path runs, as
+    fused kernels have no softcap); ``sinks``: a learned per-head logit in every softmax
+    denominator (gpt-oss).
     """
 
-    def __init__(self, dim: int, attention: AttentionConfig, *, cross: bool = False,
-                 memory_dim: int | None = None) -> None:
-        super().__init__()
-        from .registry import registry
-
-        self.heads = attention.heads
-        self.kv_heads = attention.kv_heads or attention.heads
-        self.head_dim = attention.head_dim or dim // attention.heads
-        self.dropout = attention.dropout
+    def __init__(self, dim: int, *, heads: int, score: ScoreFunction, kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
+                 window: int | None = None, dropout: float = 0.0, q_norm: nn.Module | None = None,
+                 k_norm: nn.Module | None = None, qk_norm_scope: str = "head", softcap: float | None = None,
+                 sinks: bool = False, cross: bool = False, memory_dim: int | None = None) -> None:
+        super().__init__(dim)
+        self.heads = heads
+        self.kv_heads = kv_heads or heads
+        self.head_dim = head_dim or dim // heads
+        self.window = window
+        self.dropout = dropout
         self.cross = cross
+        self.softcap = softcap
+        self.qk_norm_scope = qk_norm_scope
         h, k, d = self.heads, self.kv_heads, self.head_dim
         if cross:
-            self.q_proj = Linear(dim, h * d, bias=attention.bias)
-            self.kv_proj = Linear(memory_dim or dim, 2 * k * d, bias=attention.bias)
+            self.q_proj = Linear(dim, h * d, bias=bias)
+            self.kv_proj = Linear(memory_dim or dim, 2 * k * d, bias=bias)
         else:
-            self.qkv_proj = Linear(dim, (h + 2 * k) * d, bias=attention.bias)
-        out_bias = attention.bias if attention.out_bias is None else attention.out_bias
-        self.out_proj = Linear(h * d, dim, bias=out_bias)
-        self.score = registry().create("score", attention.score, query_dim=d, key_dim=d, heads=h)
-        if attention.qk_norm is not None:
-            self.q_norm = registry().create("norm", attention.qk_norm, d)
-            self.k_norm = registry().create("norm", attention.qk_norm, d)
-        else:
-            self.q_norm = self.k_norm = None
+            self.qkv_proj = Linear(dim, (h + 2 * k) * d, bias=bias)
+        self.out_proj = Linear(h * d, dim, bias=bias if out_bias is None else out_bias)
+        self.score = score
+        self.q_norm, self.k_norm = q_norm, k_norm
+        # Zero logits to start: the sink takes e^0 of the denominator, like one more zero-value key.
+        self.sinks = nn.Parameter(torch.zeros(h)) if sinks else None
+
+    @classmethod
+    def from_config(cls, dim: int, config: AttentionConfig, *, score: ScoreFunction,
+                    q_norm: nn.Module | None = None, k_norm: nn.Module | None = None,
+                    cross: bool = False, memory_dim: int | None = None) -> MultiHeadAttention:
+        """An attention mixer for an ``attention:`` recipe section, with its parts built already."""
+        return cls(dim, heads=config.heads, kv_heads=config.kv_heads, head_dim=config.head_dim,
+                   bias=config.bias, out_bias=config.out_bias, window=config.window, dropout=config.dropout,
+                   score=score, q_norm=q_norm, k_norm=k_norm, qk_norm_scope=config.qk_norm_scope,
+                   softcap=config.softcap, sinks=config.sinks, cross=cross, memory_dim=memory_dim)
+
+    def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
+                  dtype: torch.dtype | None = None) -> KVSlice:
+        """This layer's slice of the KV cache: (B, K, max_len, D) keys and values."""
+        return KVSlice(batch, self.kv_heads, self.head_dim, max_len, device=device,
+                       dtype=dtype or torch.float32)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
 
-    def forward(self, x: Tensor, inputs: AttentionInputs, layer: int = 0) -> Tensor:
-        """Self-attention: x (B, T, C) -> (B, T, C), reading and writing ``inputs.cache``."""
+    def _attend(self, q: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, bias: Tensor | None,
+                causal: bool) -> Tensor:
+        """(B, H, T, D) queries over (B, K, S, D) keys/values -> (B, H, T, D)."""
+        dropout = self.dropout if self.training else 0.0
+        if self.softcap is None and self.sinks is None:
+            return self.score.attend(q, key, value, mask=mask, bias=bias, causal=causal, dropout=dropout)
+        logits = softcap(self.score.scores(q, expand_kv(key, q.shape[1])), self.softcap)
+        return masked_softmax_attend(logits, value, mask=mask, bias=bias, causal=causal, dropout=dropout,
+                                     training=self.training, sink=self.sinks)
+
+    def _merge(self, out: Tensor) -> Tensor:
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+    def forward(self, x: Tensor, context: MixerContext, state: KVSlice | None = None) -> Tensor:
+        """Self-attention: x (B, T, C) -> (B, T, C), reading and extending ``state``."""
         h, k, d = self.heads, self.kv_heads, self.head_dim
         q, key, value = self.qkv_proj(x).split([h * d, k * d, k * d], dim=-1)
+        if self.q_norm is not None and self.qk_norm_scope == "projection":
+            q, key = self.q_norm(q), self.k_norm(key)  # over H·D and K·D (OLMo 2)
         q, key, value = self._heads(q, h), self._heads(key, k), self._heads(value, k)  # (B, H|K, T, D)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.qk_norm_scope == "head":
             q, key = self.q_norm(q), self.k_norm(key)
-        q, key = inputs.position.rotate(q, key, inputs.q_pos, inputs.q_pos, **inputs.prepared)
-        if inputs.cache is not None:
-            key, value = inputs.cache.write(layer, key, value)  # (B, K, S, D)
-        bias = inputs.position.bias(q, inputs.q_pos, inputs.k_pos, **inputs.prepared)
-        out = self.score.attend(q, key, value, mask=inputs.mask, bias=bias, causal=inputs.causal,
-                                dropout=self.dropout if self.training else 0.0)
-        return self.out_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], h * d))
+        position = context.position
+        q, key = position.rotate(q, key, context.q_pos, context.q_pos, **context.prepared)
+        if state is not None:
+            key, value = state.write(context.cache, key, value)  # (B, K, S, D)
+        bias = position.bias(q, context.q_pos, context.k_pos, **context.prepared)
+        return self._merge(self._attend(q, key, value, context.mask, bias, context.causal))
 
     def attend_memory(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None,
                       cache: KVCache | None = None, layer: int = 0) -> Tensor:
@@ -187,18 +218,21 @@ class MultiHeadAttention(nn.Module):
         With a cache the memory's keys/values are projected once and reused for every step.
         """
         h, k, d = self.heads, self.kv_heads, self.head_dim
-        q = self._heads(self.q_proj(x), h)
-        if self.q_norm is not None:
+        q = self.q_proj(x)
+        if self.q_norm is not None and self.qk_norm_scope == "projection":
+            q = self.q_norm(q)
+        q = self._heads(q, h)
+        if self.q_norm is not None and self.qk_norm_scope == "head":
             q = self.q_norm(q)
         if cache is not None and layer in cache.memory:
             key, value = cache.memory[layer]
         else:
             key, value = self.kv_proj(memory).split([k * d, k * d], dim=-1)
+            if self.k_norm is not None and self.qk_norm_scope == "projection":
+                key = self.k_norm(key)
             key, value = self._heads(key, k), self._heads(value, k)
-            if self.k_norm is not None:
+            if self.k_norm is not None and self.qk_norm_scope == "head":
                 key = self.k_norm(key)
             if cache is not None:
                 cache.memory[layer] = (key, value)
-        out = self.score.attend(q, key, value, mask=memory_mask, causal=False,
-                                dropout=self.dropout if self.training else 0.0)
-        return self.out_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], h * d))
+        return self._merge(self._attend(q, key, value, memory_mask, None, False))

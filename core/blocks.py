@@ -1,22 +1,32 @@
-"""Residual Transformer blocks and the stack that runs them.
+"""Residual layers and the stack that runs them. Every part is built by the caller and handed in
+(see ``seqzoo.layers.build_stack``), so a block can be tested with plain ``nn.Module`` parts.
 
-``placement: pre`` (GPT-2, LLaMA, T5): x <- x + F(norm(x)), with a final norm after the stack.
-``placement: post`` (Vaswani 2017, BERT): x <- norm(x + F(x)).
+A layer is a token mixer (attention, a recurrent cell, ...) and a feed-forward block, each wrapped
+in its norms and residual connection. Norm placements (F a sublayer, n a norm):
+
+- ``pre`` (GPT-2, LLaMA, T5): x + F(n(x)), with a final norm after the stack;
+- ``post`` (Vaswani 2017, BERT): n(x + F(x));
+- ``sandwich`` (Gemma 2/3): x + n₂(F(n₁(x))), a norm before and after each sublayer;
+- ``output`` (OLMo 2): x + n(F(x)), a norm on the sublayer's output before the residual add.
+
+``residual: parallel`` (GPT-NeoX, GPT-J, Falcon) runs the mixer and the FFN side by side on the
+same input, x + mixer(n₁(x)) + ffn(n₂(x)); ``parallel_shared`` uses one norm for both (GPT-J).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from .attention import (AttentionConfig, AttentionInputs, MultiHeadAttention, self_attention_inputs,
-                        static_attention_inputs)
+from .attention import MultiHeadAttention, self_attention_inputs, static_attention_inputs
 from .cache import KVCache
-from .errors import InputError
-from .registry import registry
+from .errors import ConfigError, InputError
+from .interfaces import Mixer, MixerContext, MixerState, PositionScheme
 
-Placement = Literal["pre", "post"]
+Placement = Literal["pre", "post", "sandwich", "output"]
+Residual = Literal["sequential", "parallel", "parallel_shared"]
 
 
 def check_position_limit(limit: int | None, tokens: int) -> None:
@@ -27,76 +37,107 @@ def check_position_limit(limit: int | None, tokens: int) -> None:
 
 
 class TransformerBlock(nn.Module):
-    """One layer. Sublayers: self-attention, cross-attention (when ``cross``), feed-forward — each
-    wrapped in its own norm, residual connection and residual dropout."""
+    """One layer: ``mixer``, optionally ``cross_attn`` (encoder–decoder), and ``ffn``, each in its
+    norms (made by calling ``norm()``), residual connection and residual dropout.
 
-    def __init__(self, dim: int, attention: AttentionConfig, ffn: dict, norm: dict,
-                 placement: Placement = "pre", dropout: float = 0.0, *, cross: bool = False,
-                 memory_dim: int | None = None) -> None:
+    Module names follow the roles: ``attn_norm``/``ffn_norm`` normalise a sublayer's input (for
+    ``post``, its residual sum), ``attn_out_norm``/``ffn_out_norm`` its output (``sandwich``,
+    ``output``); ``attn`` is the mixer, whatever its kind.
+    """
+
+    def __init__(self, mixer: Mixer, ffn: nn.Module, norm: Callable[[], nn.Module], *,
+                 placement: Placement = "pre", residual: Residual = "sequential", dropout: float = 0.0,
+                 cross_attn: MultiHeadAttention | None = None) -> None:
         super().__init__()
-        reg = registry()
-        self.placement = placement
-        self.attn_norm = reg.create("norm", norm, dim)
-        self.attn = MultiHeadAttention(dim, attention)
-        if cross:
-            self.cross_norm = reg.create("norm", norm, dim)
-            self.cross_attn = MultiHeadAttention(dim, attention, cross=True, memory_dim=memory_dim)
-        self.ffn_norm = reg.create("norm", norm, dim)
-        self.ffn = reg.create("ffn", ffn, dim)
+        if residual != "sequential" and placement != "pre":
+            raise ValueError(f"residual={residual!r} wires pre-norm layers only, got placement={placement!r}")
+        self.placement, self.residual = placement, residual
+        inputs = placement in ("pre", "post", "sandwich")
+        outputs = placement in ("sandwich", "output")
+        self.attn_norm = norm() if inputs else None
+        self.attn_out_norm = norm() if outputs else None
+        self.attn = mixer
+        if cross_attn is not None:
+            self.cross_norm = norm() if inputs else None
+            self.cross_out_norm = norm() if outputs else None
+            self.cross_attn = cross_attn
+        self.ffn_norm = norm() if inputs and residual != "parallel_shared" else None
+        self.ffn_out_norm = norm() if outputs else None
+        self.ffn = ffn
         self.dropout = nn.Dropout(dropout)
-
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
-        if self.placement == "pre":
-            return x + self._drop(sublayer(norm(x)))
-        return norm(x + self._drop(sublayer(x)))
 
     def _drop(self, x: Tensor) -> Tensor:
         # Skipping the module call when it cannot change anything saves per-token overhead.
         return self.dropout(x) if self.training and self.dropout.p > 0 else x
 
-    def forward(self, x: Tensor, inputs: AttentionInputs, layer: int = 0, memory: Tensor | None = None,
-                memory_mask: Tensor | None = None) -> Tensor:
-        """x (B, T, C) -> (B, T, C); ``memory`` (B, S, C_m) for cross-attention layers."""
-        x = self._residual(x, self.attn_norm, lambda h: self.attn(h, inputs, layer))
+    def _sublayer(self, x: Tensor, in_norm: nn.Module | None, out_norm: nn.Module | None, fn) -> Tensor:
+        if self.placement == "post":
+            return in_norm(x + self._drop(fn(x)))
+        h = fn(in_norm(x) if in_norm is not None else x)
+        return x + self._drop(out_norm(h) if out_norm is not None else h)
+
+    def forward(self, x: Tensor, context: MixerContext, state: MixerState | None = None,
+                memory: Tensor | None = None, memory_mask: Tensor | None = None, layer: int = 0) -> Tensor:
+        """x (B, T, C) -> (B, T, C); ``state`` the mixer's decoding state; ``memory`` (B, S, C_m)
+        for cross-attention layers (``layer`` keys its projected memory in the cache)."""
+        if self.residual != "sequential":
+            h = self.attn_norm(x)
+            f = h if self.ffn_norm is None else self.ffn_norm(x)
+            return x + self._drop(self.attn(h, context, state)) + self._drop(self.ffn(f))
+        x = self._sublayer(x, self.attn_norm, self.attn_out_norm, lambda h: self.attn(h, context, state))
         if memory is not None:
-            x = self._residual(x, self.cross_norm, lambda h: self.cross_attn.attend_memory(
-                h, memory, memory_mask, inputs.cache, layer))
-        return self._residual(x, self.ffn_norm, self.ffn)
+            x = self._sublayer(x, self.cross_norm, self.cross_out_norm, lambda h: self.cross_attn.attend_memory(
+                h, memory, memory_mask, context.cache, layer))
+        return self._sublayer(x, self.ffn_norm, self.ffn_out_norm, self.ffn)
 
 
 class TransformerStack(nn.Module):
-    """A stack of blocks with its own position scheme (shared by its layers): embedding-side
-    position hook, optional embedding norm, dropout, the blocks and — for pre-norm — a final norm.
+    """Blocks over a shared set of position schemes: the embedding-side hook of ``position``,
+    optional embedding norm, dropout, the blocks and an optional final norm.
 
-    ``causal`` stacks (decoders) mask future keys and run their position scheme in causal mode;
-    ``cross`` stacks attend to an encoder memory in every block.
+    ``position`` is the stack's scheme (absolute schemes add to the embeddings here); layers that
+    use another one (a RoPE base of their own, NoPE) find it in ``layer_positions``, and
+    ``layer_scheme[i]`` says which scheme layer i uses (0 = ``position``, j = ``layer_positions[j-1]``).
+    Masks, key positions and each scheme's prepared tables are built once per forward for each
+    distinct (scheme, window) pair, never per layer. ``causal`` stacks (decoders) mask future keys.
     """
 
-    def __init__(self, dim: int, layers: int, max_seq_len: int, attention: AttentionConfig,
-                 ffn: dict, norm: dict, position: dict, placement: Placement = "pre",
-                 dropout: float = 0.0, *, causal: bool, cross: bool = False,
-                 embed_norm: dict | None = None) -> None:
+    def __init__(self, blocks: list[TransformerBlock], position: PositionScheme, *, causal: bool,
+                 layer_positions: list[PositionScheme] = (), layer_scheme: list[int] | None = None,
+                 embed_norm: nn.Module | None = None, final_norm: nn.Module | None = None,
+                 dropout: float = 0.0) -> None:
         super().__init__()
-        reg = registry()
         self.causal = causal
-        self.window = attention.window
-        self.heads = attention.heads
-        self.kv_heads = attention.kv_heads or attention.heads
-        self.head_dim = attention.head_dim or dim // attention.heads
-        self.position = reg.create("position", position, dim, self.head_dim, self.heads, max_seq_len)
-        self.position.causal = causal
-        self.embed_norm = reg.create("norm", embed_norm, dim) if embed_norm else nn.Identity()
+        self.position = position
+        self.layer_positions = nn.ModuleList(layer_positions)
+        for scheme in self.schemes:
+            scheme.causal = causal
+        self.layer_scheme = list(layer_scheme) if layer_scheme is not None else [0] * len(blocks)
+        if len(self.layer_scheme) != len(blocks):
+            raise ValueError(f"layer_scheme has {len(self.layer_scheme)} entries for {len(blocks)} blocks")
+        for block in blocks:
+            if not causal and block.attn.causal_only:
+                raise ConfigError(f"{type(block.attn).__name__} is causal by construction and cannot "
+                                  f"serve a bidirectional (encoder) stack")
+        self.embed_norm = embed_norm if embed_norm is not None else nn.Identity()
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(dim, attention, ffn, norm, placement, dropout, cross=cross)
-            for _ in range(layers)
-        )
-        # Post-norm blocks end in a norm already; pre-norm stacks need one at the top.
-        self.final_norm = reg.create("norm", norm, dim) if placement == "pre" else nn.Identity()
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm if final_norm is not None else nn.Identity()
+
+    @property
+    def schemes(self) -> list[PositionScheme]:
+        return [self.position, *self.layer_positions]
+
+    def static_blocker(self) -> str | None:
+        """The name of the first position scheme or mixer whose decode step changes shape from
+        token to token (so a compiled static step would recompile), or None when there is none."""
+        parts = [*self.schemes, *(block.attn for block in self.blocks)]
+        return next((type(part).__name__ for part in parts if not part.compiles_statically), None)
 
     def new_cache(self, batch: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> KVCache:
-        return KVCache(len(self.blocks), batch, self.kv_heads, self.head_dim, max_len,
-                       device=device, dtype=dtype)
+        """An empty decode cache: each layer's mixer makes its own state."""
+        states = [block.attn.new_state(batch, max_len, device=device, dtype=dtype) for block in self.blocks]
+        return KVCache(states, batch, max_len, device=device)
 
     def positions(self, t: int, *, attention_mask: Tensor | None, cache: KVCache | None,
                   device: torch.device) -> Tensor:
@@ -114,7 +155,7 @@ class TransformerStack(nn.Module):
 
         attention_mask (B, S): 1 for real tokens over all S = cached + T keys. positions (B|1, T)
         default to ``self.positions``. memory (B, S_m, C) and memory_mask (B, S_m) feed the
-        cross-attention of ``cross`` stacks.
+        cross-attention of blocks that have one.
         """
         t = x.shape[1]
         static = cache is not None and cache.slot is not None
@@ -123,6 +164,7 @@ class TransformerStack(nn.Module):
             # and passes the positions; nothing here may depend on the cache's Python length.
             if t != 1 or positions is None:
                 raise InputError("a static KV cache decodes one token per step at given positions")
+            cache.write_static(positions)  # once per step, before any layer reads the valid slots
         else:
             past = cache.length if cache is not None else 0
             if cache is not None:
@@ -131,14 +173,24 @@ class TransformerStack(nn.Module):
             if positions is None:
                 positions = self.positions(t, attention_mask=attention_mask, cache=cache, device=x.device)
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
-        if static:
-            inputs = static_attention_inputs(self.position, positions, cache, window=self.window)
-        else:
-            inputs = self_attention_inputs(self.position, positions, causal=self.causal, cache=cache,
-                                           key_padding=attention_mask, window=self.window)
+        schemes = self.schemes
+        contexts: dict[tuple[int, int | None], MixerContext] = {}
         cross_mask = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None
         for layer, block in enumerate(self.blocks):
-            x = block(x, inputs, layer, memory, cross_mask)
+            key = (self.layer_scheme[layer], block.attn.window)
+            context = contexts.get(key)
+            if context is None:  # once per distinct configuration and forward
+                scheme = schemes[key[0]]
+                # A scheme's prepared tables do not depend on the window: share them.
+                prepared = next((c.prepared for (s, _), c in contexts.items() if s == key[0]), None)
+                if static:
+                    context = static_attention_inputs(scheme, positions, cache, window=key[1], prepared=prepared)
+                else:
+                    context = self_attention_inputs(scheme, positions, causal=self.causal, cache=cache,
+                                                    key_padding=attention_mask, window=key[1], prepared=prepared)
+                contexts[key] = context
+            state = cache.states[layer] if cache is not None else None
+            x = block(x, context, state, memory, cross_mask, layer)
         if cache is not None and not static:
             cache.advance(positions)
         return self.final_norm(x)

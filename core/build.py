@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, SeqzooError
+from .interfaces import LanguageModel
 from .recipe import Resolved, resolve
 from .registry import registry
 from .schema import call_with, dotted
@@ -60,13 +61,13 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
     try:
         if target.type != "meta":
             with torch.device("meta"):  # the structure alone, to refuse what cannot fit
-                _check_fits(call_with(component.cls, params), torch_dtype, target)
+                check_fits(call_with(component.cls, params), torch_dtype, target)
         with target:
             model = call_with(component.cls, params)
     except ConfigError as error:
         raise resolved.error(("model",), str(error)) from None
     model.to(dtype=torch_dtype)
-    if hasattr(model, "tie_weights"):  # .to() keeps ties, but a plugin may rebuild its head
+    if isinstance(model, LanguageModel):  # .to() keeps ties, but a plugin may rebuild its head
         model.tie_weights()
     model.recipe = data
     model.components = provenance(resolved)
@@ -88,7 +89,7 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-def _check_fits(skeleton: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+def check_fits(skeleton: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
     """Refuse, before allocating, a model whose parameters alone exceed the free memory."""
     size = sum(p.numel() for p in skeleton.parameters()) * torch.empty((), dtype=dtype).element_size()
     free = available_memory(device)

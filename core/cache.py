@@ -1,7 +1,8 @@
-"""A preallocated key/value cache for incremental decoding.
+"""The decoding cache: one state per layer (a preallocated key/value slice for attention, a
+fixed-size state for recurrent mixers) and the positions of every slot.
 
-Keys and values of each layer live in a (B, K, max_len, D) buffer written in place, so decoding
-allocates nothing per step. (One buffer per layer, not one for all: a compiled step then mutates
+Keys and values of each attention layer live in a (B, K, max_len, D) buffer written in place, so
+decoding allocates nothing per step. (One buffer per layer, not one for all: a compiled step then mutates
 its inputs directly, where a view into a shared buffer made the compiler copy all of it.)
 Positions are kept per slot so position schemes can read the absolute position of every cached key.
 
@@ -15,19 +16,46 @@ import torch
 from torch import Tensor
 
 from .errors import InputError
+from .interfaces import MixerState
+
+
+class KVSlice(MixerState):
+    """One attention layer's cached keys and values: (B, K, max_len, D) buffers written in place
+    at the slots the model-level ``KVCache`` says."""
+
+    def __init__(self, batch: int, kv_heads: int, head_dim: int, max_len: int, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                 value_dim: int | None = None) -> None:
+        self.k = torch.zeros(batch, kv_heads, max_len, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros(batch, kv_heads, max_len, value_dim or head_dim, device=device, dtype=dtype)
+
+    def write(self, cache: KVCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, K, T, D) after the ``cache.length`` cached slots; return all keys and
+        values so far, (B, K, length + T, D), as views of the buffer. A static cache writes one
+        token at ``cache.slot`` and returns the whole buffer (B, K, max_len, D)."""
+        if cache.slot is not None:  # index_copy_ does not cast (autocast hands us bfloat16)
+            self.k.index_copy_(2, cache.slot, k.to(self.k.dtype))
+            self.v.index_copy_(2, cache.slot, v.to(self.v.dtype))
+            return self.k, self.v
+        start, end = cache.length, cache.length + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, rows: Tensor) -> None:
+        self.k = self.k.index_select(0, rows)
+        self.v = self.v.index_select(0, rows)
 
 
 class KVCache:
-    """Cached keys/values for ``layers`` attention layers; ``length`` slots are filled."""
+    """A model's decoding state: one ``MixerState`` per layer (``states``, made by each layer's
+    mixer: a ``KVSlice`` for attention, a fixed-size state for a recurrent mixer), the absolute
+    position of every slot, and ``length``, the number of slots filled."""
 
-    def __init__(self, layers: int, batch: int, kv_heads: int, head_dim: int, max_len: int,
-                 *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
-                 value_dim: int | None = None) -> None:
+    def __init__(self, states: list[MixerState], batch: int, max_len: int, *,
+                 device: torch.device | str | None = None) -> None:
         self.max_len = max_len
-        self.k = [torch.zeros(batch, kv_heads, max_len, head_dim, device=device, dtype=dtype)
-                  for _ in range(layers)]
-        self.v = [torch.zeros(batch, kv_heads, max_len, value_dim or head_dim, device=device, dtype=dtype)
-                  for _ in range(layers)]
+        self.states = states
         self.positions = torch.zeros(batch, max_len, dtype=torch.long, device=device)
         self.length = 0
         #: Static decoding: the slot (1,) the next token goes to, and which slots (B, max_len)
@@ -43,19 +71,6 @@ class KVCache:
                 f"KV cache full: {self.length} cached + {new} new tokens > max_len={self.max_len}; "
                 f"create the cache with a larger max_len"
             )
-
-    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v (B, K, T, D) after the cached slots of ``layer``; return all keys and values
-        so far, (B, K, length + T, D), as views of the buffer. A static cache writes one token at
-        ``slot`` and returns the whole buffer (B, K, max_len, D)."""
-        if self.slot is not None:  # index_copy_ does not cast (autocast hands us bfloat16)
-            self.k[layer].index_copy_(2, self.slot, k.to(self.k[layer].dtype))
-            self.v[layer].index_copy_(2, self.slot, v.to(self.v[layer].dtype))
-            return self.k[layer], self.v[layer]
-        start, end = self.length, self.length + k.shape[2]
-        self.k[layer][:, :, start:end] = k
-        self.v[layer][:, :, start:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def advance(self, positions: Tensor) -> None:
         """Record the positions (B|1, T) of the tokens just written by every layer."""
@@ -84,8 +99,8 @@ class KVCache:
 
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows ``rows`` (B',) in that order — beam search follows its surviving beams."""
-        self.k = [k.index_select(0, rows) for k in self.k]
-        self.v = [v.index_select(0, rows) for v in self.v]
+        for state in self.states:
+            state.reorder(rows)
         self.positions = self.positions.index_select(0, rows)
         if self.valid is not None:
             self.valid = self.valid.index_select(0, rows)

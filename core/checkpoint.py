@@ -17,17 +17,26 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as serialize
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .errors import CheckpointError, RecipeError, RegistryError, SeqzooError
+from .build import instantiate, pick_device
+from .errors import CheckpointError, RecipeError, RegistryError, SeqzooError, few, first_line
 from .files import FolderNotWritable, atomic_write
+from .recipe import parse_requirement, resolve
+from .registry import canonical_name, installed_version, registry, tokenizer
 
 FORMAT = "1"
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "_orig_mod", model)  # a torch.compile wrapper keeps the model here
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside the wrappers training may put around it: ``torch.compile`` (which keeps it
+    as ``_orig_mod``) and ``DistributedDataParallel`` (``.module``), in either order or alone."""
+    model = getattr(model, "_orig_mod", model)
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return getattr(model, "_orig_mod", model)
 
 
 def tied_names(model: nn.Module) -> dict[str, str]:
@@ -53,7 +62,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
     ``extra_tensors`` (optimizer state, RNG state) are stored under ``extra/`` and read back with
     ``read_extras``.
     """
-    model = _unwrap(model)
+    model = unwrap(model)
     recipe = getattr(model, "recipe", None)
     if recipe is None:
         raise SeqzooError("model has no .recipe; build it with seqzoo.build so it can be rebuilt on load")
@@ -98,8 +107,6 @@ def _tokenizer_state(model: nn.Module) -> str | None:
     rebuilds it without the file it came from; None for tokenizers that need nothing (bytes)."""
     state = getattr(model, "tokenizer_state", None)
     if state is None:
-        from . import registry, tokenizer
-
         spec = model.recipe.get("tokenizer", "bytes")
         kind = spec if isinstance(spec, str) else spec.get("kind")
         if callable(getattr(registry().get("tokenizer", kind).cls, "to_str", None)):
@@ -130,7 +137,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({_first_line(error)})") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file ({first_line(error)})") from None
     if "seqzoo.recipe" not in metadata:
         raise CheckpointError(f"{path}: safetensors file without a seqzoo recipe (not saved by seqzoo.save?)")
     return metadata
@@ -150,9 +157,6 @@ def read_recipe(path: str | os.PathLike, metadata: dict[str, str] | None = None)
 
 def load(path: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
     """Rebuild the model stored at ``path`` from the file alone and load its weights."""
-    from .build import instantiate, pick_device
-    from .recipe import resolve
-
     metadata = read_metadata(path)
     recipe = read_recipe(path, metadata)
     if isinstance(device, str):  # a device that is not there is the caller's problem, not the file's
@@ -207,26 +211,13 @@ def _major(version: str) -> str:
 def _install_hint(dist: str, version: str, requires: object) -> str:
     """One way to say what to install for ``dist``: the recipe's own ``requires:`` entry for it
     when there is one (its author's range), else the exact version the checkpoint was saved with."""
-    from .recipe import parse_requirement
-    from .registry import _canonical
-
     for text in requires if isinstance(requires, list) else []:
         try:
-            if _canonical(parse_requirement(str(text)).name) == _canonical(dist):
+            if canonical_name(parse_requirement(str(text)).name) == canonical_name(dist):
                 return f"pip install '{text}'"
         except ValueError:
             continue
     return f"pip install '{dist}=={version}'" if version else f"pip install '{dist}'"
-
-
-def _installed(dist: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(dist)
-    except PackageNotFoundError:
-        return False
-    return True
 
 
 def _check_provenance(path, metadata: dict[str, str], recipe: dict) -> None:
@@ -234,8 +225,6 @@ def _check_provenance(path, metadata: dict[str, str], recipe: dict) -> None:
     process's registry: a component that is not registered here is a CheckpointError naming the
     distribution to install (before any did-you-mean the recipe check would give); another
     distribution or major version is a warning, once per component."""
-    from .registry import registry
-
     try:
         saved = json.loads(metadata.get("seqzoo.components", "{}"))
     except json.JSONDecodeError:
@@ -263,7 +252,7 @@ def _check_provenance(path, metadata: dict[str, str], recipe: dict) -> None:
         except RegistryError:
             if not dist:
                 state = "not loaded here"
-            elif _installed(dist):
+            elif installed_version(dist) is not None:
                 state = "installed here but does not register it (see `seqzoo plugins`)"
             else:
                 state = "not installed here"
@@ -309,17 +298,7 @@ def mismatches(missing: list[str], unexpected: list[str], shapes: list[str], dty
     """Tensor mismatches by name, a few of each kind, as phrases for one error message."""
     kinds = [("missing tensors", missing), ("unexpected tensors", unexpected),
              (f"wrong shapes (stored != {against})", shapes), (f"wrong dtypes (stored != {against})", dtypes)]
-    return [f"{what}: {_few(list(names))}" for what, names in kinds if names]
-
-
-def _few(items: list[str], n: int = 5) -> str:
-    more = f" and {len(items) - n} more" if len(items) > n else ""
-    return ", ".join(items[:n]) + more
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return [f"{what}: {few(list(names))}" for what, names in kinds if names]
 
 
 def check_can_save(path: str | os.PathLike) -> None:
@@ -337,8 +316,6 @@ def check_can_save(path: str | os.PathLike) -> None:
         raise CheckpointError(f"{path}: cannot write in {folder} (permission denied); pick a writable "
                               f"folder for the output")
     try:
-        from safetensors.torch import save as serialize
-
         serialize({"probe": torch.zeros(1)})
     except ImportError as error:
         raise CheckpointError(f"cannot save checkpoints here: safetensors needs {error.name or 'numpy'} to "

@@ -9,11 +9,24 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+import torch
+import yaml
+
+from . import testing
+from .build import build, instantiate
+from .checkpoint import load, save
+from .describe import describe
+from .errors import InputError, RegistryError, SeqzooError, unknown_name
+from .generation import generate
+from .layers import describe_layout
+from .recipe import resolve
+from .registry import canonical_name, load_plugin, registry, strict, tokenizer
+
 EXIT_BAD_INPUT = 2
 EXIT_CHECK_FAILED = 1
 
 # Modules that add commands through ``register_cli(add) -> {name: handler}``.
-EXTENSIONS = ("seqzoo.cli_train", "seqzoo.cli_plots", "seqzoo.hf")
+EXTENSIONS = ("seqzoo.cli_train", "seqzoo.cli_plots", "seqzoo.hf", "seqzoo.catalog")
 
 PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "
                "separated by os.pathsep)")
@@ -84,16 +97,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list(args) -> int:
-    import seqzoo
-
-    reg = seqzoo.registry()
+    reg = registry()
     if args.kind is not None and args.kind not in reg.kinds():
-        from .errors import unknown_name
-
-        raise seqzoo.RegistryError(unknown_name("component kind", args.kind, reg.kinds()))
+        raise RegistryError(unknown_name("component kind", args.kind, reg.kinds()))
     if args.name is not None:
-        from .describe import describe
-
         print(describe(reg.get(args.kind, args.name)))
         return 0
     rows = [(c.kind, c.name, c.summary, c.origin) for c in reg.list(args.kind)]
@@ -112,9 +119,7 @@ def _counts(components) -> str:
 
 
 def _cmd_plugins(args) -> int:
-    import seqzoo
-
-    reg = seqzoo.registry()
+    reg = registry()
     plugins = list(reg.plugins.values())
     builtins = [p for p in plugins if p.source == "built-in"]
     rows = [("PLUGIN", "ORIGIN", "STATUS", "HOOKS", "COMPONENTS")]
@@ -136,18 +141,12 @@ def _cmd_plugins(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    import seqzoo
-    from seqzoo import testing
-
-    from .errors import InputError, unknown_name
-    from .registry import _canonical
-
-    reg = seqzoo.registry()
+    reg = registry()
     if args.kind is None:
         kinds = [k for k in testing.CHECKED_KINDS if k in reg.kinds()]
     else:
         if args.kind not in reg.kinds():
-            raise seqzoo.RegistryError(unknown_name("component kind", args.kind, reg.kinds()))
+            raise RegistryError(unknown_name("component kind", args.kind, reg.kinds()))
         if args.kind not in testing.CHECKED_KINDS:
             raise InputError(f"the conformance kit has no checks for kind {args.kind!r}; it checks "
                              f"{', '.join(testing.CHECKED_KINDS)}")
@@ -157,10 +156,10 @@ def _cmd_check(args) -> int:
     else:
         components = [c for kind in kinds for c in reg.list(kind)]
     if args.origin is not None:
-        wanted = {_canonical(args.origin)}
+        wanted = {canonical_name(args.origin)}
         if os.path.exists(args.origin):  # a local plugin is named by its resolved path
-            wanted.add(_canonical(os.path.realpath(args.origin)))
-        components = [c for c in components if wanted & {_canonical(c.plugin), _canonical(c.distribution)}]
+            wanted.add(canonical_name(os.path.realpath(args.origin)))
+        components = [c for c in components if wanted & {canonical_name(c.plugin), canonical_name(c.distribution)}]
         if not components:
             raise InputError(f"--from {args.origin}: no checked component comes from a plugin or "
                              f"distribution of that name (see `seqzoo plugins`)")
@@ -183,14 +182,12 @@ def _count(model) -> int:
 
 
 def _cmd_show(args) -> int:
-    import yaml
-
-    from .build import instantiate
-    from .recipe import resolve
-
     resolved = resolve(args.recipe, args.overrides)
     model = instantiate(resolved, device="meta")  # structure only: nothing is allocated
     print(yaml.safe_dump(resolved.data, sort_keys=False).rstrip())
+    layout = describe_layout(resolved.data["model"])
+    if layout is not None:  # a heterogeneous stack: which layers are which, in one line
+        print(f"\n{layout}")
     total = _count(model)
     print(f"\nparameters: {total:,}")
     print(f"\n{model}")
@@ -198,15 +195,11 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    import torch
-
-    import seqzoo
-
     torch.manual_seed(args.seed)
-    model = seqzoo.build(args.recipe, args.overrides)
+    model = build(args.recipe, args.overrides)
     total = _count(model)
     if args.output:
-        seqzoo.save(model, args.output)
+        save(model, args.output)
         print(f"built {model.recipe['model']['kind']} with {total:,} parameters -> {args.output}")
     else:
         print(f"built {model.recipe['model']['kind']} with {total:,} parameters (use -o FILE to save it)")
@@ -214,36 +207,32 @@ def _cmd_build(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    import torch
-
-    import seqzoo
-
-    model = seqzoo.load(args.checkpoint, device=args.device)
+    model = load(args.checkpoint, device=args.device)
     device = next(model.parameters()).device
-    tokenizer = seqzoo.tokenizer(model)
+    tok = tokenizer(model)
     if args.ids is not None:
         try:
             prompt = [int(x) for x in args.ids.split(",") if x.strip()]
         except ValueError:
-            raise seqzoo.InputError(f"--ids: expected comma-separated integers, got {args.ids!r}") from None
+            raise InputError(f"--ids: expected comma-separated integers, got {args.ids!r}") from None
     else:
-        prompt = tokenizer.encode(args.prompt)
+        prompt = tok.encode(args.prompt)
     if not prompt:
-        raise seqzoo.InputError("the prompt is empty; give at least one token")
+        raise InputError("the prompt is empty; give at least one token")
     vocab = model.recipe["model"].get("vocab_size")
     bad = [i for i in prompt if i < 0 or (vocab is not None and i >= vocab)]
     if bad:
-        raise seqzoo.InputError(f"--ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        raise InputError(f"--ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
     ids = torch.tensor([prompt], device=device)
-    out = seqzoo.generate(model, ids, args.max_new_tokens, use_cache=not args.no_cache,
+    out = generate(model, ids, args.max_new_tokens, use_cache=not args.no_cache,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          eos_id=tokenizer.eos_id, seed=args.seed, beam_size=args.beam_size,
+                          eos_id=tok.eos_id, seed=args.seed, beam_size=args.beam_size,
                           compile=args.compile)
     new = out[0, len(prompt):].tolist()
     if args.ids is not None:
         print(",".join(str(i) for i in out[0].tolist()))
     else:
-        print(args.prompt + tokenizer.decode(new))
+        print(args.prompt + tok.decode(new))
     return 0
 
 
@@ -253,13 +242,10 @@ COMMANDS = {"list": _cmd_list, "plugins": _cmd_plugins, "check": _cmd_check, "sh
 
 def _load_plugins(refs: list[str]) -> None:
     """Load each ``--plugin``; one that fails is reported and skipped (an error when strict)."""
-    import seqzoo
-    from seqzoo.registry import strict
-
     for ref in refs:
         try:
-            seqzoo.load_plugin(ref)
-        except seqzoo.RegistryError as error:
+            load_plugin(ref)
+        except RegistryError as error:
             if strict():
                 raise
             print(f"seqzoo: warning: {error}", file=sys.stderr)
@@ -271,8 +257,6 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .errors import SeqzooError
-
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning

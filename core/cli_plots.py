@@ -7,6 +7,22 @@ from __future__ import annotations
 import os
 import sys
 
+from .checkpoint import load
+from .errors import InputError
+from .experiments import run_experiment
+from .plots import (
+    PositionPicture,
+    attention_panels,
+    describe_position,
+    load_metrics,
+    plot_attention,
+    plot_metrics,
+    plot_positions,
+    position_schemes,
+    require_matplotlib,
+)
+from .registry import tokenizer
+
 
 def register_cli(add) -> dict:
     """Add the picture and experiment commands; ``add(name, help=...)`` makes a subparser."""
@@ -39,8 +55,6 @@ def register_cli(add) -> dict:
 
 
 def _cmd_plot(args) -> int:
-    from .plots import load_metrics, plot_metrics
-
     metrics = load_metrics(args.metrics)
     output = args.output or os.path.splitext(args.metrics)[0] + ".png"
     title = args.title if args.title is not None else os.path.basename(args.metrics)
@@ -49,16 +63,11 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_attention(args) -> int:
-    import seqzoo
-
-    from .errors import InputError
-    from .plots import attention_panels, plot_attention, require_matplotlib
-
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     require_matplotlib()  # reported before the model loads
-    model = seqzoo.load(args.checkpoint, device="cpu")
-    panels = attention_panels(model, seqzoo.tokenizer(model), args.prompt, args.max_new_tokens)
+    model = load(args.checkpoint, device="cpu")
+    panels = attention_panels(model, tokenizer(model), args.prompt, args.max_new_tokens)
     kind = model.recipe["model"]["kind"]
     path = plot_attention(panels, args.output, f"{os.path.basename(args.checkpoint)} ({kind}): {args.prompt!r}")
     print(f"wrote {path} ({len(panels)} attention module{'s' if len(panels) != 1 else ''})")
@@ -66,10 +75,6 @@ def _cmd_attention(args) -> int:
 
 
 def _cmd_positions(args) -> int:
-    from .errors import InputError
-    from .plots import (PositionPicture, describe_position, plot_positions, position_schemes,
-                        require_matplotlib)
-
     if args.length is not None and args.length < 2:
         raise InputError(f"--length must be >= 2, got {args.length}")
     require_matplotlib()
@@ -90,8 +95,6 @@ def _cmd_positions(args) -> int:
 
 
 def _cmd_experiment(args) -> int:
-    from .experiments import run_experiment
-
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log)
     print(f"{result.title}\n\n{result.markdown()}\n\n{result.seconds} s; wrote "

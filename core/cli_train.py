@@ -4,6 +4,18 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
+
+import torch
+
+from .build import instantiate
+from .checkpoint import load, load_weights, read_metadata, read_recipe
+from .errors import CheckpointError, InputError
+from .files import write_text_atomic
+from .recipe import resolve
+from .registry import tokenizer
+from .schema import dotted
+from .training import Distributed, TrainConfig, check_resumable, train
 
 
 def register_cli(add) -> dict:
@@ -47,9 +59,6 @@ def _lookup(data: dict, path: tuple):
 
 def _check_resume(given: dict, saved: dict, checkpoint: str, recipe: str) -> list[str]:
     """Refuse a recipe that describes another run than the checkpoint's; return the train: changes."""
-    from .errors import InputError
-    from .schema import dotted
-
     for section in RESUME_KEYS:
         where = first_difference(_lookup(given, section), _lookup(saved, section), section)
         if where is not None:
@@ -69,8 +78,6 @@ def _check_resume(given: dict, saved: dict, checkpoint: str, recipe: str) -> lis
 def _init_from(model, checkpoint: str) -> None:
     """Fine-tuning: ``model`` (built from the run's recipe) takes the checkpoint's weights, which
     must fit it tensor for tensor, and the checkpoint's tokenizer."""
-    from .checkpoint import load_weights, read_metadata, read_recipe
-
     metadata = read_metadata(checkpoint)
     saved = read_recipe(checkpoint, metadata)
     load_weights(model, checkpoint, metadata, same_dtype=False)
@@ -80,16 +87,6 @@ def _init_from(model, checkpoint: str) -> None:
 
 
 def _cmd_train(args) -> int:
-    import torch
-
-    import seqzoo
-
-    from .build import instantiate
-    from .checkpoint import read_metadata, read_recipe
-    from .errors import CheckpointError, InputError
-    from .recipe import resolve
-    from .training import Distributed, TrainConfig, check_resumable, train
-
     checkpoint = args.resume or args.init
     if args.recipe is None and checkpoint is None:
         raise InputError("seqzoo train: give a recipe (a path or a shipped name such as tiny-gpt), or "
@@ -109,7 +106,7 @@ def _cmd_train(args) -> int:
     torch.manual_seed(config.seed)
     if args.resume:
         check_resumable(args.resume, read_metadata(args.resume))
-        model = seqzoo.load(args.resume, device=device)
+        model = load(args.resume, device=device)
         for change in _check_resume(resolved.data, model.recipe, args.resume, args.recipe or "--set"):
             print(f"resume: {change}", file=sys.stderr)
         model.recipe = {**model.recipe, "train": resolved.data["train"]}
@@ -124,16 +121,14 @@ def _cmd_train(args) -> int:
                     raise
                 raise resolved.error(("train", "init"), str(error)) from None
             print(f"init: weights and tokenizer from {init}", file=sys.stderr)
-    tokenizer = seqzoo.tokenizer(model)
-    result = train(model, config, tokenizer, output=args.output, resume=args.resume, until=args.until,
+    result = train(model, config, tokenizer(model), output=args.output, resume=args.resume, until=args.until,
                    quiet=args.quiet, compile=resolved.data["runtime"]["compile"])
     if not dist_info.main:
         return 0
     metrics = {"history": result.history, "eval": result.eval, "example_prompt": result.example_prompt,
                "steps": result.steps, "seconds": round(result.seconds, 2)}
     if args.metrics:
-        with open(args.metrics, "w", encoding="utf-8") as handle:
-            json.dump(metrics, handle, indent=1)
+        write_text_atomic(Path(args.metrics), json.dumps(metrics, indent=1))
     summary = f"step {result.steps}: held-out loss {result.eval['loss']:.4f}"
     if "accuracy" in result.eval:
         summary += f", exact match {result.eval['accuracy']:.3f}"

@@ -1,4 +1,5 @@
-"""One registered component in full, for ``seqzoo list KIND NAME``.
+"""One registered component in full, for ``seqzoo list KIND NAME`` (and its parameters as rows,
+for ``seqzoo catalog``).
 
 The parameters come from the same place recipes are validated against: the constructor's signature
 and type hints (see ``schema.Validator.params``). The core arguments of the kind (``CORE_ARGS``)
@@ -35,6 +36,41 @@ class Param:
         return self.default is inspect.Parameter.empty
 
 
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One entry of a component's parameter list, as ``seqzoo list`` and ``seqzoo catalog`` show it:
+    the key path (a section's own keys are one level in: ``("attention", "heads")``), the type hint
+    as a plugin author writes it, and the default as plain data (``required`` without one)."""
+
+    path: tuple[str, ...]
+    hint: str
+    default: Any = inspect.Parameter.empty
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def required(self) -> bool:
+        return self.default is inspect.Parameter.empty
+
+
+def parameter_rows(component: Component) -> tuple[list[Row], list[Row]]:
+    """(core arguments, recipe parameters) of a component, from its constructor's schema.
+
+    The core arguments of its kind come without defaults (the core always passes them); a recipe
+    parameter whose value is a dataclass section is followed by the section's own keys."""
+    core = CORE_ARGS.get(component.kind, ())
+    params = parameters(component.cls.__init__) if isinstance(component.cls, type) else []
+    by_name = {p.name: p for p in params}
+    core_rows = [Row((name,), format_hint(by_name.get(name, Param(name, Any)).hint)) for name in core]
+    rows: list[Row] = []
+    for param in params:
+        if param.name not in core:
+            rows += _rows(param, ())
+    return core_rows, rows
+
+
 def describe(component: Component) -> str:
     """The full text of one component: summary, class, aliases, origin, core arguments, recipe
     parameters with their types and defaults, and the class's own docstring."""
@@ -50,17 +86,14 @@ def describe(component: Component) -> str:
     width = max(len(label) for label, _ in rows)
     lines += [""] + [f"{label:<{width}}  {value}" for label, value in rows]
 
-    core = CORE_ARGS.get(kind, ())
-    params = parameters(cls.__init__) if isinstance(cls, type) else []
+    core, params = parameter_rows(component)
     if core:
-        by_name = {p.name: p for p in params}
         lines += ["", "core arguments (passed by the core, not recipe parameters):"]
-        lines += [_INDENT + _format(by_name.get(name, Param(name, Any)), show_default=False)
-                  for name in core]
-    lines += ["", "parameters:" if any(p.name not in core for p in params) else "parameters: none"]
-    for param in params:
-        if param.name not in core:
-            lines += _param_lines(param, 1)
+        lines += [f"{_INDENT}{row.name}: {row.hint}" for row in core]
+    lines += ["", "parameters:" if params else "parameters: none"]
+    for row in params:
+        default = " (required)" if row.required else f" = {row.default!r}"
+        lines.append(f"{_INDENT * len(row.path)}{row.name}: {row.hint}{default}")
 
     lines += ["", own_doc(cls) or "(no docstring)"]
     return "\n".join(lines)
@@ -100,21 +133,16 @@ def _field_default(field: dataclasses.Field) -> Any:
     return inspect.Parameter.empty
 
 
-def _param_lines(param: Param, depth: int) -> list[str]:
-    """One line per parameter; a dataclass section lists its own fields beneath, one level in."""
-    lines = [_INDENT * depth + _format(param)]
+def _rows(param: Param, parent: tuple[str, ...]) -> list[Row]:
+    """The row of one parameter; a dataclass section's own fields follow it, one level in."""
+    path = (*parent, param.name)
+    default = param.default if param.required else plain(param.default)
+    rows = [Row(path, format_hint(param.hint), default)]
     section = _section(param.hint)
-    if section is not None and depth < 4:  # sections nest only a few levels in practice
+    if section is not None and len(path) < 4:  # sections nest only a few levels in practice
         for field in parameters(section):
-            lines += _param_lines(field, depth + 1)
-    return lines
-
-
-def _format(param: Param, show_default: bool = True) -> str:
-    text = f"{param.name}: {format_hint(param.hint)}"
-    if not show_default:
-        return text
-    return f"{text} (required)" if param.required else f"{text} = {plain(param.default)!r}"
+            rows += _rows(field, path)
+    return rows
 
 
 def _section(hint: Any) -> type | None:

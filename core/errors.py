@@ -27,6 +27,22 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
+def few(items: list[str], n: int = 5) -> str:
+    """The first ``n`` of ``items``, comma-separated, then ``and K more`` (for one-line messages)."""
+    more = f" and {len(items) - n} more" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def first_line(error: BaseException, *, with_type: bool = False) -> str:
+    """The first line of an exception's message, for a one-line report: the type's name when the
+    message is empty; ``with_type``: ``TypeName: line`` (for errors from code that is not seqzoo's)."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else ""
+    if not line:
+        return type(error).__name__
+    return f"{type(error).__name__}: {line}" if with_type else line
+
+
 def unknown_name(what: str, name: str, choices: Iterable[str], *, plugin_hint: bool = False) -> str:
     """``unknown score 'scaled_dt'; did you mean 'scaled_dot'?`` or the list of what exists.
 

@@ -25,10 +25,15 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
+from .build import build
 from .errors import InputError, unknown_name
+from .files import write_text_atomic
+from .plots import figure, require_matplotlib, save_figure
+from .registry import registry, tokenizer
 from .training import Examples, TrainConfig, example_rng, train
 
 
@@ -59,11 +64,9 @@ class ExperimentResult:
 
 
 def _build(recipe: str, overrides: list[str], seed: int):
-    import seqzoo
-
     torch.manual_seed(seed)
-    model = seqzoo.build(recipe, overrides, device="cpu", dtype="float32")
-    return model, seqzoo.tokenizer(model)
+    model = build(recipe, overrides, device="cpu", dtype="float32")
+    return model, tokenizer(model)
 
 
 def _greedy(model, tokenizer, task, n: int, seed: int, tag: str) -> tuple[list[tuple[str, str]], list[str]]:
@@ -93,8 +96,6 @@ def _samples(pairs: list[tuple[str, str]], predictions: list[str], n: int = 3) -
 # -- extrapolation ---------------------------------------------------------------------------------
 def extrapolation(quick: bool = False, log: Callable[[str], None] = print) -> ExperimentResult:
     """Train one tiny decoder per position scheme on copy with lengths 1..L; score at L, 2L, 4L."""
-    from .registry import registry
-
     length = 4 if quick else 8
     lengths = [length, 2 * length, 4 * length]
     longest = 2 * (4 * length + 1)  # a 4L prompt with its separator, then the 4L answer and eos
@@ -155,8 +156,6 @@ def extrapolation(quick: bool = False, log: Callable[[str], None] = print) -> Ex
 # -- seq2seq attention -----------------------------------------------------------------------------
 def seq2seq_attention(quick: bool = False, log: Callable[[str], None] = print) -> ExperimentResult:
     """rnn_seq2seq with attention none / additive / bilinear on reverse; exact match per bucket."""
-    from .registry import registry
-
     longest, width = (8, 4) if quick else (12, 3)
     beyond = 0 if quick else 4  # one bucket longer than anything trained on
     buckets = [(lo, lo + width - 1) for lo in range(1, longest + 1, width)]
@@ -228,8 +227,6 @@ def gradient_by_distance(cell: torch.nn.Module, steps: int, batch: int,
 def vanishing_gradients(quick: bool = False, log: Callable[[str], None] = print) -> ExperimentResult:
     """Gradient norm against distance for rnn, lstm and gru at torch's default initialisation
     (and an LSTM whose forget-gate bias starts at +1)."""
-    from .registry import registry
-
     steps, hidden, inputs, batch, seeds = (20, 16, 8, 4, 2) if quick else (200, 128, 32, 32, 5)
     distances = [d for d in (0, 1, 5, 10, 20, 50, 100, 199) if d < steps]
     rows, data = [], {"distance": list(range(steps)), "norm": {}}
@@ -271,8 +268,6 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
 
 def draw(result: ExperimentResult, path: str | os.PathLike) -> str:
     """The experiment's picture (matplotlib, lazily imported) into ``path``."""
-    from .plots import figure, save_figure
-
     data = result.data
     if result.name == "vanishing-gradients":
         fig = figure(6.4, 4.2)
@@ -314,8 +309,6 @@ def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick:
         raise InputError(unknown_name("experiment", name, EXPERIMENTS))
     if threads is not None and threads < 1:
         raise InputError(f"threads={threads} must be >= 1")
-    from .plots import require_matplotlib
-
     require_matplotlib()  # fail before training, not after
     folder = os.fspath(output) if output is not None else os.path.join("experiments", name)
     os.makedirs(folder, exist_ok=True)
@@ -330,10 +323,8 @@ def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick:
     result.seconds = round(time.perf_counter() - began, 1)
     result.settings.update({"quick": quick, "threads": threads, "torch": torch.__version__})
     paths = {ext: os.path.join(folder, f"{name}.{ext}") for ext in ("md", "json", "png")}
-    with open(paths["md"], "w", encoding="utf-8") as handle:
-        handle.write(f"# {name}\n\n{result.title}\n\n{result.markdown()}\n\n"
-                     f"Run time: {result.seconds} s ({'quick' if quick else 'full'}, {threads} thread(s)).\n")
-    with open(paths["json"], "w", encoding="utf-8") as handle:
-        json.dump(asdict(result), handle, indent=1, default=str)
+    write_text_atomic(Path(paths["md"]), f"# {name}\n\n{result.title}\n\n{result.markdown()}\n\n"
+                      f"Run time: {result.seconds} s ({'quick' if quick else 'full'}, {threads} thread(s)).\n")
+    write_text_atomic(Path(paths["json"]), json.dumps(asdict(result), indent=1, default=str))
     draw(result, paths["png"])
     return result, paths

@@ -1,21 +1,23 @@
 """Autoregressive generation: greedy, temperature, top-k and top-p sampling, with a KV cache.
 
-A model supports generation by returning a session from ``model.start_generation(input_ids,
-max_new_tokens, use_cache)``; ``session.next(tokens)`` feeds the tokens just chosen (None for the
-prompt) and returns the logits (B, V) of the next position; ``session.prefix`` (B, T0) is what the
-output starts with (the prompt for decoder-only models, the decoder start token for seq2seq ones).
-``CausalSession`` serves decoder-only models.
+A model generates through the ``LanguageModel`` contract (``seqzoo.interfaces``):
+``model.start_generation(input_ids, max_new_tokens, use_cache)`` returns a ``DecodeSession``;
+``session.next(tokens)`` feeds the tokens just chosen (None for the prompt) and returns the logits
+(B, V) of the next position; ``session.prefix`` (B, T0) is what the output starts with (the prompt
+for decoder-only models, the decoder start token for seq2seq ones). ``CausalSession`` serves
+decoder-only models.
 """
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import torch
 from torch import Tensor, nn
 
 from .blocks import check_position_limit
-from .errors import InputError
+from .errors import InputError, SeqzooError
+from .interfaces import LanguageModel
+from .registry import tokenizer
 
 
 class CausalSession:
@@ -45,7 +47,7 @@ class CausalSession:
         """tokens (B,) chosen last step, or None for the prompt -> logits (B, V) in float32."""
         if self.next_position is not None:  # a static step: fixed shapes, positions given
             self.cache.check_room(1)
-            check_position_limit(getattr(self.model, "max_positions", None), self.cache.length + 1)
+            check_position_limit(self.model.max_positions, self.cache.length + 1)
             logits = self.step(self.model, tokens[:, None], self.next_position, self.cache)
             self.cache.step_static()
             self.next_position += 1
@@ -132,9 +134,6 @@ FROM_TOKENIZER = _FromTokenizer()
 
 def model_eos(model: nn.Module) -> int | None:
     """The eos id of the tokenizer a model's recipe names (None without a recipe or an eos)."""
-    from . import tokenizer  # the package's tokenizer(): it imports this module
-    from .errors import SeqzooError
-
     if not isinstance(getattr(model, "recipe", None), dict) or "tokenizer" not in model.recipe:
         return None
     try:
@@ -179,6 +178,9 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     start token for seq2seq models) followed by its new tokens, up to and including ``eos_id``,
     with no padding; each equals what generating that prompt alone gives.
     """
+    if not isinstance(model, LanguageModel):
+        raise InputError(f"{type(model).__name__} does not generate: it is not a "
+                         f"seqzoo.interfaces.LanguageModel")
     if eos_id is FROM_TOKENIZER:
         eos_id = model_eos(model)
     with torch.inference_mode():
@@ -218,7 +220,7 @@ def _generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens
                          f"not sample; drop temperature/top_k/top_p, or drop beam_size to sample")
     if compile and beam_size is not None:
         raise InputError("compile=True decodes greedily or by sampling; beam search runs eagerly")
-    if compile and "compile" not in inspect.signature(model.start_generation).parameters:
+    if compile and not model.supports_compile:
         raise InputError(f"compile=True needs a decoder-only model with a static KV cache; "
                          f"{type(model).__name__} decodes eagerly only")
     max_new_tokens = _fit_position_limit(model, input_ids.shape[1], max_new_tokens)
@@ -261,8 +263,8 @@ def _fit_position_limit(model: nn.Module, prompt: int, max_new_tokens: int) -> i
     """How many new tokens a decoder-only model with a learned position table can make after a
     ``prompt``-token prompt: the last token it makes is never fed back, so the sequence may end
     one past the table. A prompt that does not fit is refused up front."""
-    limit = getattr(model, "max_positions", None)
-    if limit is None or hasattr(model, "encode"):  # seq2seq outputs do not continue the prompt
+    limit = model.max_positions
+    if limit is None or model.family == "seq2seq":  # seq2seq outputs do not continue the prompt
         return max_new_tokens
     if prompt > limit:
         raise InputError(f"the prompt has {prompt} tokens but the model reads at most {limit} positions "
@@ -284,7 +286,7 @@ def _generate_list(model: nn.Module, prompts: list[Tensor], max_new_tokens: int,
             shape = tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__
             raise InputError(f"prompt {index}: each prompt must be a non-empty 1-D tensor of ids, got {shape}")
     eos_id = kwargs.get("eos_id")
-    side = getattr(model, "prompt_padding", "left")
+    side = model.prompt_padding
     if side is None:  # the model cannot mask padding: batch prompts of equal length only
         groups: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
@@ -304,7 +306,7 @@ def _generate_list(model: nn.Module, prompts: list[Tensor], max_new_tokens: int,
             ids[row, span] = prompts[index]
             mask[row, span] = 1
         out = _generate(model, ids, max_new_tokens, attention_mask=mask if side else None, **kwargs)
-        prefix = 1 if hasattr(model, "encode") else width  # seq2seq output starts at the decoder
+        prefix = 1 if model.family == "seq2seq" else width  # seq2seq output starts at the decoder
         for row, (index, length) in enumerate(zip(batch, lengths)):
             head = out[row, :prefix] if prefix != width else out[row, width - length:width]
             new = out[row, prefix:]

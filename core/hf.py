@@ -26,11 +26,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+import yaml
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .checkpoint import _few, mismatches
-from .errors import CheckpointError, SeqzooError
+from .build import check_fits, instantiate, pick_device
+from .checkpoint import load, mismatches, save, unwrap
+from .errors import CheckpointError, SeqzooError, few
 from .files import atomic_write, write_text_atomic
+from .interfaces import LanguageModel
+from .recipe import resolve
+from .registry import registry, tokenizer
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -160,10 +167,30 @@ def first_problem(*checks: tuple[bool, str]) -> str | None:
     return next((message for ok, message in checks if not ok), None)
 
 
+def uniform_problem(model: dict) -> str | None:
+    """Why a model section is not a uniform stack of attention layers with the 2023 block options
+    (a per-layer pattern, another mixer, a parallel residual, softcaps, sinks), or None. Families
+    whose Hugging Face classes have none of these refuse such models rather than drop a part."""
+    attn = model["attention"]
+    return first_problem(
+        (model.get("pattern") is None and not model.get("layer_overrides"),
+         "model.pattern: layers differ; this family's layers are all alike"),
+        (model.get("mixer") is None, f"model.mixer is {kind_of(model.get('mixer'))}; this family attends"),
+        (model.get("residual", "sequential") == "sequential",
+         f"model.residual is {model.get('residual')}; this family adds its sublayers in sequence"),
+        (model.get("final_softcap") is None, "model.final_softcap is set; this family has none"),
+        (attn.get("softcap") is None, "model.attention.softcap is set; this family has none"),
+        (not attn.get("sinks"), "model.attention.sinks is set; this family has none"),
+    )
+
+
 def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, tanh_name: str) -> str | None:
     """Checks shared by the decoder-only families (GPT-2, LLaMA, BLOOM)."""
     if model["kind"] != "decoder_lm":
         return f"model.kind is {model['kind']}, needs decoder_lm"
+    problem = uniform_problem(model)
+    if problem:
+        return problem
     attn, act = model["attention"], ffn_activation(model["ffn"], tanh_name)
     return first_problem(
         (kind_of(model["position"]) == position,
@@ -230,8 +257,6 @@ class HFConverter:
 
     def to_seqzoo(self, hf_tensors: Mapping[str, Tensor], config: dict) -> dict[str, Tensor]:
         """seqzoo state dict from canonical Hugging Face tensors (no checks; ``from_hf`` checks)."""
-        from .recipe import resolve
-
         recipe = resolve(full_recipe(self, config, None, list(hf_tensors))).data
         return {r.target: r.load(*(hf_tensors[s] for s in r.sources)) for r in self.rules(config, recipe)}
 
@@ -261,16 +286,14 @@ def _check_coverage(converter: HFConverter, model: nn.Module, rules: list[Rule])
     uncovered = sorted(n for n, t in state.items() if n not in targets and where(t) not in filled)
     unknown = sorted(targets - set(state))
     if uncovered or unknown:
-        problems = ([f"no rule fills {_few(uncovered)}"] if uncovered else []) + \
-                   ([f"rules name unknown tensors {_few(unknown)}"] if unknown else [])
+        problems = ([f"no rule fills {few(uncovered)}"] if uncovered else []) + \
+                   ([f"rules name unknown tensors {few(unknown)}"] if unknown else [])
         raise CheckpointError(f"converter {converter.model_type!r} does not match the model it built: "
                               + "; ".join(problems))
 
 
 def special_ids(model: nn.Module) -> dict[str, int | None]:
     """bos/eos/pad ids for config.json, from the model's tokenizer."""
-    from . import tokenizer
-
     tok = tokenizer(model)
     return {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
 
@@ -300,8 +323,6 @@ class HFWeights(Mapping):
     """The tensors of a Hugging Face folder, read lazily from one or more safetensors files."""
 
     def __init__(self, folder: Path, stack: contextlib.ExitStack) -> None:
-        from safetensors import SafetensorError, safe_open
-
         self.folder = folder
         index, single = folder / INDEX, folder / WEIGHTS
         if index.is_file():
@@ -337,7 +358,7 @@ class HFWeights(Mapping):
         if weight_map is not None:
             lost = sorted(k for k, f in weight_map.items() if self.where.get(k) != f)
             if lost:
-                raise CheckpointError(f"{index}: tensors listed but not in their shard: {_few(lost)}")
+                raise CheckpointError(f"{index}: tensors listed but not in their shard: {few(lost)}")
 
     def __getitem__(self, name: str) -> Tensor:
         return self.handles[self.where[name]].get_tensor(name)
@@ -364,15 +385,11 @@ class HFWeights(Mapping):
 # -- converters from the registry ------------------------------------------------------------------
 def supported() -> list[str]:
     """The model_types some registered converter handles."""
-    from .registry import registry
-
     return registry().names("converter")
 
 
 def converter_for(model_type: Any, where: str = "config.json") -> HFConverter:
     """The registered converter for ``model_type``; a clear error naming the supported ones."""
-    from .registry import registry
-
     names = supported()
     if not isinstance(model_type, str) or model_type not in names:
         what = "no model_type" if model_type is None else f"model_type {model_type!r} is not supported"
@@ -417,9 +434,6 @@ def from_hf(path: str | os.PathLike, *, device: str | torch.device | None = None
     recipe's ``auto``. The model's tokenizer (``tokenizer.json`` when present) travels with it:
     ``seqzoo.save`` stores it, so the checkpoint later needs no other file.
     """
-    from .build import _check_fits, instantiate, pick_device
-    from .recipe import resolve
-
     folder = Path(path)
     config = read_config(folder)
     converter = converter_for(config.get("model_type"), str(folder / CONFIG))
@@ -434,9 +448,9 @@ def from_hf(path: str | os.PathLike, *, device: str | torch.device | None = None
         if any(True for _ in model.buffers()):
             model = instantiate(resolved, device=target)  # non-weight state must come from the build
         else:
-            _check_fits(model, next(model.parameters()).dtype, target)  # a clear error, not an OOM
+            check_fits(model, next(model.parameters()).dtype, target)  # a clear error, not an OOM
             model = model.to_empty(device=target)
-            if hasattr(model, "tie_weights"):
+            if isinstance(model, LanguageModel):
                 model.tie_weights()  # to_empty gives each module its own copy of a shared weight
         _check_coverage(converter, model, rules)
         state = model.state_dict()
@@ -525,9 +539,7 @@ def to_hf(model: nn.Module, out_dir: str | os.PathLike, *, model_type: str | Non
     model.safetensors and the tokenizer's tokenizer.json plus tokenizer_config.json (an ``hf``
     tokenizer's own, the ``bytes`` tokenizer's byte-level one; a warning when there is none).
     Every file is written atomically with the umask's mode. Returns the folder."""
-    from safetensors.torch import save_file
-
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap(model)
     converter = exporter_for(model, model_type)
     folder = Path(out_dir)
     if folder.exists() and not folder.is_dir():
@@ -554,11 +566,9 @@ def _write_tokenizer(model: nn.Module, folder: Path) -> None:
     other tokenizer exports through its own ``to_hf_files()`` ({file name: text}; the bytes
     tokenizer's is a byte-level tokenizer.json), which raises a SeqzooError when it cannot.
     """
-    from . import tokenizer as make_tokenizer
-
     spec = model.recipe.get("tokenizer", "bytes")
     kind = kind_of(spec)
-    tok = make_tokenizer(model)
+    tok = tokenizer(model)
     if kind != "hf":
         export = getattr(tok, "to_hf_files", None)
         if not callable(export):
@@ -597,10 +607,6 @@ def _write_tokenizer(model: nn.Module, folder: Path) -> None:
 # -- command line ------------------------------------------------------------------------------------
 def cmd_import_hf(args: argparse.Namespace) -> int:
     """``seqzoo import-hf DIR -o FILE.safetensors [--dtype D] [--recipe FILE.yaml]``."""
-    import yaml
-
-    from .checkpoint import save
-
     model = from_hf(args.folder, device="cpu", dtype=args.dtype)
     if args.recipe:
         write_text_atomic(Path(args.recipe), yaml.safe_dump(model.recipe, sort_keys=False))
@@ -613,8 +619,6 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     """``seqzoo export-hf CKPT DIR [--model-type T]``."""
-    from .checkpoint import load
-
     model = load(args.checkpoint, device="cpu")
     folder = to_hf(model, args.folder, model_type=args.model_type)
     family = json.loads((folder / CONFIG).read_text(encoding="utf-8"))["model_type"]

@@ -1,4 +1,4 @@
-"""The five component interfaces (plus tokenizers) that plugins implement.
+"""The component interfaces (plus tokenizers) that plugins implement.
 
 Every component is constructed by the core as ``Cls(*core_args, **recipe_params)``: the core passes
 the structural arguments listed in ``CORE_ARGS`` for its kind, the recipe passes the rest as keyword
@@ -9,10 +9,14 @@ Shape legend: B batch, T query length, S key length, H heads, K kv heads, D head
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .errors import InputError
 
 # Constructor arguments the core supplies, per kind, in order. A component's constructor must take
 # these first; everything after them is a recipe parameter.
@@ -22,6 +26,7 @@ CORE_ARGS: dict[str, tuple[str, ...]] = {
     "norm": ("dim",),
     "ffn": ("dim",),
     "cell": ("input_size", "hidden_size"),
+    "mixer": ("dim",),
 }
 
 
@@ -102,11 +107,14 @@ def masked_softmax_attend(
     causal: bool = False,
     dropout: float = 0.0,
     training: bool = False,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """softmax(logits + bias, masked) @ v with the softmax in float32 and fully masked rows -> 0.
 
     logits (B, H, T, S), v (B, H, S, Dv) -> (B, H, T, Dv). v may hold K < H grouped heads
     (B, K, S, Dv): query head h reads v head h // (H // K), as ``expand_kv``, without copying v.
+    ``sink`` (H,): a learned logit per head that joins every row's softmax denominator, never
+    masked, and attends to nothing: p_ij = e^z_ij / (e^s_h + Σ_j e^z_ij) (gpt-oss attention sinks).
     """
     probs = upcast(logits)
     if bias is not None:
@@ -115,10 +123,17 @@ def masked_softmax_attend(
         mask = causal_mask(logits.shape[-2], logits.shape[-1], logits.device)
     if mask is not None:
         probs = probs.masked_fill(~mask, float("-inf"))
-    probs = probs.softmax(dim=-1)
-    if mask is not None:
-        # A row with no visible key is 0/0 = NaN after softmax; such rows attend to nothing.
-        probs = probs.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    if sink is not None:
+        b, heads, t, _ = probs.shape
+        column = upcast(sink).view(1, heads, 1, 1).expand(b, heads, t, 1)
+        # Never masked, the sink keeps every row finite: a row with no visible key puts all its
+        # weight on the sink and so attends to nothing.
+        probs = torch.cat([probs, column], dim=-1).softmax(dim=-1)[..., :-1]
+    else:
+        probs = probs.softmax(dim=-1)
+        if mask is not None:
+            # A row with no visible key is 0/0 = NaN after softmax; such rows attend to nothing.
+            probs = probs.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     probs = probs.to(v.dtype)
     if dropout > 0.0 and training:
         probs = F.dropout(probs, p=dropout)
@@ -190,6 +205,89 @@ class PositionBias(PositionScheme):
         """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table)."""
         table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
         return table.to(q.dtype)
+
+
+def softcap(x: Tensor, cap: float | None) -> Tensor:
+    """cap · tanh(x / cap) (Gemma 2's logit softcapping), or x when ``cap`` is None."""
+    return x if cap is None else torch.tanh(x / cap) * cap
+
+
+# -- token mixers ------------------------------------------------------------------------------------
+class MixerState:
+    """A mixer's decoding state for one layer: the layer's slice of the KV cache, or a recurrent
+    state of fixed size. ``reorder`` keeps batch rows ``rows`` (B',) in that order, in place (beam
+    search follows its surviving beams; batched generation drops finished rows)."""
+
+    def reorder(self, rows: Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement reorder(rows)")
+
+
+@dataclass
+class MixerContext:
+    """What every mixer of one configuration sees in one forward, built once by the stack (per
+    distinct position scheme and window, never per layer).
+
+    position: the layers' position scheme; q_pos (B|1, T) and k_pos (B|1, S) the absolute positions
+    of the new tokens and of every key; ``mask`` boolean (B|1, 1, T, S), True where a query may
+    attend, or None with ``causal`` telling the kernel to apply a plain top-left causal mask;
+    ``padding`` (B, T) 1 for the real tokens among the new ones, or None when all are real;
+    ``cache`` the model-level decode cache (``seqzoo.cache.KVCache``) whose ``states[layer]`` the
+    block hands each mixer, or None; ``static``: one token per row at the cache's static slot
+    (``generate(compile=True)``). ``prepared`` is ``position.prepare(q_pos, k_pos)`` as keyword
+    arguments for the position hooks ({} when the scheme prepares nothing).
+    """
+
+    position: PositionScheme
+    q_pos: Tensor
+    k_pos: Tensor
+    mask: Tensor | None
+    causal: bool
+    cache: object | None = None
+    padding: Tensor | None = None
+    static: bool = False
+    prepared: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.prepared is not None:  # shared with another context of the same scheme
+            return
+        self.prepared = {}
+        if type(self.position).prepare is not PositionScheme.prepare:
+            self.prepared = {"prepared": self.position.prepare(self.q_pos, self.k_pos)}
+
+
+class Mixer(nn.Module):
+    """A token mixer: the part of a layer that moves information between positions (attention, a
+    recurrent cell run as a layer, a state-space model). Constructor ``(dim, **params)``.
+
+    ``forward(x, context, state)`` maps x (B, T, C) to (B, T, C) for T new tokens; with a ``state``
+    (from ``new_state``) it continues from the tokens fed before and updates the state, so feeding
+    a sequence in pieces equals feeding it whole. ``context.padding`` marks padded positions: in
+    each row the real tokens are one contiguous run (left padding in batched generation, right
+    padding in encoders); padded positions must not change the state or any real token's output.
+    """
+
+    #: Whether the decode step has the same shapes every token and reads no Python number from
+    #: the state, so ``generate(compile=True)`` traces it once.
+    compiles_statically: bool = True
+    #: Whether the mixer is causal by construction (a recurrence); such mixers cannot serve an
+    #: encoder (bidirectional) stack, and the stack refuses them there.
+    causal_only: bool = False
+    #: The sliding window W the stack masks this layer's attention with (a query sees itself and
+    #: the W − 1 keys before it), or None; mixers that do not attend leave it None.
+    window: int | None = None
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
+                  dtype: torch.dtype | None = None) -> MixerState:
+        """An empty decoding state for ``batch`` rows and up to ``max_len`` tokens."""
+        raise NotImplementedError(f"{type(self).__name__} must implement new_state(batch, max_len)")
+
+    def forward(self, x: Tensor, context: MixerContext, state: MixerState | None = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(x, context, state)")
 
 
 class RopeScaling(nn.Module):
@@ -280,8 +378,6 @@ class RecurrentCell(nn.Module):
     def check_input(self, x: Tensor, lengths: Tensor | None) -> Tensor | None:
         """Raise InputError unless x is (B, T >= 1, input_size) and 0 <= lengths <= T; return the
         lengths as int64 on x's device (or None)."""
-        from .errors import InputError
-
         name = type(self).__name__
         if x.dim() != 3 or x.shape[1] < 1 or x.shape[2] != self.input_size:
             raise InputError(f"{name}: x must be (B, T >= 1, input_size={self.input_size}), "
@@ -332,6 +428,67 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must implement example(rng, split)")
 
 
+# -- the model contract ------------------------------------------------------------------------------
+class DecodeSession(Protocol):
+    """One generation in progress (``LanguageModel.start_generation``): the decoding state of a
+    batch, fed the tokens chosen at each step."""
+
+    #: (B, T0): what every output row starts with — the prompt (causal models) or the decoder
+    #: start token (seq2seq models).
+    prefix: Tensor
+
+    def next(self, tokens: Tensor | None) -> Tensor:
+        """tokens (B,) chosen at the last step, or None for the first -> next logits (B, V)."""
+        ...
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep batch rows ``rows`` (B',) in that order (beam search follows its beams)."""
+        ...
+
+
+class LanguageModel(nn.Module):
+    """What ``seqzoo.generate``, beam search, ``seqzoo train`` and FSDP wrapping rely on in a
+    model that generates text. The built-in ``decoder_lm``, ``encoder_decoder``, ``rnn_lm`` and
+    ``rnn_seq2seq`` subclass it; a plugin's model subclasses it to be generated from and trained.
+
+    ``forward`` takes the family's inputs — ``(input_ids, *, attention_mask=None, ...)`` for causal
+    models, ``(src_ids, tgt_ids, src_mask=None)`` for seq2seq ones — and returns logits (B, T, V),
+    or with ``targets=`` (when ``fused_loss``) the mean cross-entropy against them.
+    """
+
+    #: ``causal``: the output continues the input (decoder-only); ``seq2seq``: the input is a
+    #: source and the output starts with ``decoder_start_id``.
+    family: Literal["causal", "seq2seq"] = "causal"
+    #: The first decoder token of seq2seq models.
+    decoder_start_id: int = 0
+    #: Where a batch of prompts of different lengths is padded: ``left``, ``right``, or None when
+    #: the model cannot mask padding (prompts are then batched by length).
+    prompt_padding: Literal["left", "right"] | None = "left"
+    #: Whether ``forward`` takes ``targets=`` and returns the loss with the LM head fused in.
+    fused_loss: bool = False
+    #: Whether ``start_generation`` takes ``static``/``compile`` (a static KV cache, compiled steps).
+    supports_compile: bool = False
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most positions the model can read (a learned position table), or None."""
+        return None
+
+    def start_generation(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
+                         attention_mask: Tensor | None = None, **options: bool) -> DecodeSession:
+        """A decoding session for ``input_ids`` (B, T) and up to ``max_new_tokens`` new tokens;
+        ``attention_mask`` (B, T) marks real tokens; ``options``: ``static``, ``compile`` (only
+        when ``supports_compile``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement start_generation(...)")
+
+    def shard_units(self) -> list[nn.Module]:
+        """The submodules FSDP shards one by one (each layer) before the whole model."""
+        return []
+
+    def tie_weights(self) -> None:
+        """Re-tie shared weights (the LM head and the embedding) after a move or a load."""
+
+
 # The base class each kind's components must subclass (kinds not listed are unconstrained).
 BASES: dict[str, type] = {
     "score": ScoreFunction,
@@ -344,4 +501,5 @@ BASES: dict[str, type] = {
     "rope_scaling": RopeScaling,
     "activation": nn.Module,
     "task": Task,
+    "mixer": Mixer,
 }

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 

@@ -13,18 +13,28 @@ Shape legend: B batch, H heads, T queries, S keys, C model dim, P pairs of rotat
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from .attention import MultiHeadAttention
+from .build import instantiate
+from .checkpoint import load
 from .errors import InputError, SeqzooError
+from .files import atomic_write
+from .generation import generate
 from .interfaces import PositionScheme, expand_kv, masked_softmax_attend
+from .recipe import resolve
+from .registry import registry
 
 INSTALL_HINT = "pip install 'seqzoo[plot]'"
 
@@ -35,8 +45,6 @@ class PlotError(SeqzooError):
 
 def require_matplotlib() -> None:
     """Raise PlotError naming the extra to install unless matplotlib can be imported."""
-    import importlib
-
     try:
         importlib.import_module("matplotlib.figure")
     except ImportError:
@@ -52,12 +60,12 @@ def figure(width: float, height: float):
 
 
 def save_figure(fig, path: str | os.PathLike) -> str:
-    """Write ``fig`` as PNG to ``path`` (parent folders created) and return the path."""
+    """Write ``fig`` as PNG to ``path`` (parent folders created), atomically, and return the path."""
     path = os.fspath(path)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    fig.savefig(path, format="png")
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
     return path
 
 
@@ -171,8 +179,6 @@ def record_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
     ``scores`` (the fused kernels never materialise the weights); the originals come back on exit,
     also after an error. The forward's result is unchanged up to float rounding.
     """
-    from .attention import MultiHeadAttention
-
     records: dict[str, list[Tensor]] = {}
     patched: list[nn.Module] = []
     try:
@@ -228,9 +234,6 @@ def attention_panels(model: nn.Module, tokenizer, prompt: str, max_new_tokens: i
     prompt and its continuation. Recurrent seq2seq with attention: the source–target alignment
     ``last_attention`` (T, S) of the greedy decode. Others: PlotError.
     """
-    from .attention import MultiHeadAttention
-    from .generation import generate
-
     model.eval()
     device = next(model.parameters()).device
     kind = model.recipe["model"]["kind"] if hasattr(model, "recipe") else type(model).__name__
@@ -500,8 +503,6 @@ def plot_positions(pictures: list[PositionPicture], path: str | os.PathLike, tit
 
 
 def _wrap(text: str, width: int) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(text, width))
 
 
@@ -515,14 +516,8 @@ def position_schemes(source: str, overrides: list[str] | None = None
     the CPU; learned tables (``learned``, ``t5``) are then at their random initialisation, which
     the note says. A checkpoint is loaded and its trained schemes are used as they are.
     """
-    from .build import instantiate
-    from .recipe import resolve
-    from .registry import registry
-
     note = ""
     if os.path.isfile(source) and source.endswith(".safetensors"):
-        from .checkpoint import load
-
         if overrides:
             raise InputError("--set applies to recipes, not to checkpoints")
         model = load(source, device="cpu")

@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 import yaml
 
+from .config import RuntimeConfig, TrainConfig
 from .errors import RecipeError, RegistryError
 from .interfaces import CORE_ARGS
+from .registry import canonical_name, installed_version, registry
 from .schema import SchemaError, Spec, Validator, dotted
-from .training import TrainConfig
 
 FORMAT_VERSION = 1
 MAX_EXTENDS_DEPTH = 16
@@ -30,24 +31,13 @@ MAX_NESTING = 32  # mappings and lists inside each other
 Location = tuple[str, int]  # (file, 1-based line)
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """Where and how a built model runs.
-
-    device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``meta``.
-    dtype: parameter dtype. compile: wrap the model in ``torch.compile``.
-    """
-
-    device: str = "auto"
-    dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
-    compile: bool = False
-
-
+# The runtime: and train: sections' schemas live in seqzoo.config (the trainer reads them too).
+# Spec["kind"] names a component kind, not a forward reference: hence the noqa for F821.
 def _top_level(
-    model: Spec["model"],
+    model: Spec["model"],  # noqa: F821
     seqzoo: Literal[1] = FORMAT_VERSION,
     requires: list[str] = (),
-    tokenizer: Spec["tokenizer"] = "bytes",
+    tokenizer: Spec["tokenizer"] = "bytes",  # noqa: F821
     runtime: RuntimeConfig = RuntimeConfig(),
     train: TrainConfig | None = None,
 ) -> None:
@@ -296,7 +286,8 @@ def _apply_override(source: _Source, override: str, index: int) -> None:
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as error:
-        raise RecipeError(f"{label}:1: {key}: value {text!r} is not valid YAML ({str(error).splitlines()[0]})") from None
+        raise RecipeError(f"{label}:1: {key}: value {text!r} is not valid YAML "
+                          f"({str(error).splitlines()[0]})") from None
     node = source.data
     for depth, part in enumerate(path[:-1]):
         if not isinstance(node.get(part), dict):
@@ -345,8 +336,6 @@ def resolve(recipe: str | os.PathLike | dict, overrides: list[str] | None = None
 
 
 def validate(source: _Source) -> Resolved:
-    from .registry import registry
-
     registry_ = registry()
     try:
         requirements = _requirements(source.data.get("requires") if isinstance(source.data, dict) else None)
@@ -375,8 +364,8 @@ def validate(source: _Source) -> Resolved:
         data = validator.params(_top_level, source.data, ())
         model_cls = registry_.get("model", data["model"]["kind"]).cls
         check = getattr(model_cls, "check_recipe", None)
-        if check is not None:
-            check(data["model"], ("model",))
+        if check is not None:  # cross-field rules; the validator records what they resolve
+            check(data["model"], ("model",), validator)
         tokenizer_cls = registry_.get("tokenizer", data["tokenizer"]["kind"]).cls
         _check_vocab(tokenizer_cls, data)
     except SchemaError as error:
@@ -506,23 +495,12 @@ def _requirements(value: Any) -> list[Requirement]:
     return out
 
 
-def _installed_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 def _requires_hint(requirements: list[Requirement], registry_) -> tuple[str, bool]:
     """Why a component the recipe names may be missing, in terms of its ``requires:`` list, and
     whether a required distribution is missing or too old (then that is the likely cause)."""
-    from .registry import _canonical
-
     notes, satisfied = [], []
     for req in requirements:
-        installed = _installed_version(req.name)
+        installed = installed_version(req.name)
         if installed is None:
             notes.append(f"{req.text}, which is not installed (pip install '{req.text}')")
         elif not req.satisfied_by(installed):
@@ -532,7 +510,7 @@ def _requires_hint(requirements: list[Requirement], registry_) -> tuple[str, boo
     if not notes:
         for req, installed in satisfied:
             plugins = [p for p in registry_.plugins.values()
-                       if p.distribution and _canonical(p.distribution) == _canonical(req.name)]
+                       if p.distribution and canonical_name(p.distribution) == canonical_name(req.name)]
             if any(p.status == "disabled" for p in plugins):
                 state = "disabled by SEQZOO_DISABLE_PLUGINS"
             elif any(p.status == "skipped" for p in plugins):

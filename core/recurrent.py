@@ -1,12 +1,14 @@
 """A stack of recurrent cells: layers, inter-layer dropout, bidirectional encoders, padded batches.
 
-    stack = RecurrentStack(I, H, {"kind": "lstm"}, layers=2, dropout=0.1, bidirectional=True)
+    stack = RecurrentStack(I, H, cell_factory("lstm"), layers=2, dropout=0.1, bidirectional=True)
     outputs, states = stack(x, state=None, lengths=None)
     # x (B, T, I) -> outputs (B, T, H·dirs); states[layer][direction] is that cell's final state
 
-Each (layer, direction) is one registered ``cell``; the cells' fused kernels run the time loop, the
-stack only loops over layers and directions. Layer l > 0 reads layer l − 1's outputs (H·dirs wide)
-with dropout on them while training, as torch.nn.LSTM's ``dropout``. The backward direction reads
+Each (layer, direction) is one cell, made by the ``cell(input_size, hidden_size)`` factory it is
+given (``seqzoo.layers.cell_factory(spec)`` makes registered cells from a recipe spec); the cells'
+fused kernels run the time loop, the stack only loops over layers and directions. Layer l > 0
+reads layer l − 1's outputs (H·dirs wide) with dropout on them while training, as
+torch.nn.LSTM's ``dropout``. The backward direction reads
 each row reversed within its own length (row b's step t is x[b, len_b − 1 − t]), so padding never
 reaches a real position and the result equals torch.nn.LSTM(bidirectional=True) on a packed batch.
 Outputs are the directions concatenated, forward first; padded positions are zeros.
@@ -16,17 +18,18 @@ Parameters are ``cells.{l}.{d}.weight_ih`` etc. (d = 0 forward, 1 backward), whi
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import ConfigError, InputError
 from .interfaces import RecurrentCell
-from .registry import registry
 
 
 class RecurrentStack(nn.Module):
-    """cell: a ``cell`` component, by name or ``{kind: NAME, **params}``. layers: stacked layers
+    """cell: makes a cell, ``cell(input_size, hidden_size)``. layers: stacked layers
     (1). dropout: on each layer's outputs but the last, while training (0; no effect with one
     layer). bidirectional: a second cell per layer reads the sequence backwards (false).
 
@@ -35,7 +38,7 @@ class RecurrentStack(nn.Module):
     layer. ``forward`` always returns the nested form.
     """
 
-    def __init__(self, input_size: int, hidden_size: int, cell: str | dict, layers: int = 1,
+    def __init__(self, input_size: int, hidden_size: int, cell: Callable[[int, int], RecurrentCell], layers: int = 1,
                  dropout: float = 0.0, bidirectional: bool = False) -> None:
         super().__init__()
         if layers < 1:
@@ -47,7 +50,7 @@ class RecurrentStack(nn.Module):
         self.directions = 2 if bidirectional else 1
         width = hidden_size * self.directions
         self.cells = nn.ModuleList(
-            nn.ModuleList(registry().create("cell", cell, input_size if layer == 0 else width, hidden_size)
+            nn.ModuleList(cell(input_size if layer == 0 else width, hidden_size)
                           for _ in range(self.directions))
             for layer in range(layers)
         )

@@ -30,14 +30,16 @@ import re
 import sys
 import threading
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, entry_points, packages_distributions, version
 from pathlib import Path
 from typing import Any
 
 import pluggy
 
 from . import hookspecs
-from .errors import RegistryError, closest, unknown_name
+from .errors import RegistryError, closest, first_line, unknown_name
 from .interfaces import BASES, CORE_ARGS
+from .schema import SchemaError, Validator, call_with
 
 ENTRY_POINT_GROUP = "seqzoo"
 _TRUE = ("1", "true", "yes", "on")
@@ -169,8 +171,6 @@ class Registry:
         Core arguments go positionally or by keyword (``query_dim=64, key_dim=64, heads=8``); recipe
         parameters come from the spec. The spec is validated against the constructor first.
         """
-        from .schema import SchemaError, Validator, call_with
-
         validator = Validator(self.resolve, lambda k: CORE_ARGS.get(k, ()))
         try:
             spec = validator.spec(kind, name_or_spec, (kind,))
@@ -187,8 +187,6 @@ class Registry:
 
     def resolve(self, kind: str, name: str, path) -> tuple[type, str]:
         """For the schema validator: (class, canonical name) or a SchemaError at ``path``."""
-        from .schema import SchemaError
-
         try:
             component = self.get(kind, name)
         except RegistryError as error:
@@ -232,9 +230,17 @@ def strict() -> bool:
     return os.environ.get("SEQZOO_STRICT_PLUGINS", "").strip().lower() in _TRUE
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
     """A distribution or plugin name compared the way pip does (case, ``-``/``_``/``.`` alike)."""
     return re.sub(r"[-_.]+", "-", name.strip()).lower()
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, or None when it is not installed."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def _disabled() -> tuple[bool, set[str]]:
@@ -244,21 +250,15 @@ def _disabled() -> tuple[bool, set[str]]:
         return False, set()
     if raw.lower() in (*_TRUE, "all", "*"):
         return True, set()
-    return False, {_canonical(n) for n in raw.split(",") if n.strip()}
+    return False, {canonical_name(n) for n in raw.split(",") if n.strip()}
 
 
 def _is_disabled(*names: str) -> bool:
     everything, listed = _disabled()
-    return everything or any(n and _canonical(n) in listed for n in names)
+    return everything or any(n and canonical_name(n) in listed for n in names)
 
 
 # -- registering one plugin ------------------------------------------------------------------------
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {line}" if line else type(error).__name__
-
-
 def _describe(value: object) -> str:
     text = repr(value)
     return (text[:60] + "...") if len(text) > 63 else text
@@ -276,7 +276,7 @@ def _register(reg: Registry, obj: object, info: Plugin) -> Plugin:
     try:
         manager.register(obj, name=info.name)
     except (pluggy.PluginValidationError, ValueError) as error:
-        return _skip(info, _first_line(error))
+        return _skip(info, first_line(error, with_type=True))
     callers = manager.get_hookcallers(obj) or []
     unknown = [c.name for c in callers if c.spec is None]
     if unknown:
@@ -295,7 +295,7 @@ def _register(reg: Registry, obj: object, info: Plugin) -> Plugin:
         records = impls[0].function()
     except Exception as error:  # a plugin's bug must not take the registry down
         manager.unregister(obj)
-        return _skip(info, f"seqzoo_components() raised {_first_line(error)}")
+        return _skip(info, f"seqzoo_components() raised {first_line(error, with_type=True)}")
     if not isinstance(records, (list, tuple)):
         manager.unregister(obj)
         return _skip(info, f"seqzoo_components() returned {_describe(records)}; expected a list of "
@@ -338,8 +338,7 @@ def own_doc(cls: object) -> str:
 # -- built-in plugins ------------------------------------------------------------------------------
 def _builtin_modules() -> list[str]:
     """Every ``seqzoo.plugins.<kind>.<name>`` module: one variant per file."""
-    import seqzoo.plugins as root
-
+    root = importlib.import_module("seqzoo.plugins")  # by name: the core never imports its plugins
     modules = []
     for kind in pkgutil.iter_modules(root.__path__):
         if not kind.ispkg:
@@ -353,19 +352,17 @@ def _builtin_modules() -> list[str]:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("seqzoo")
     except Exception:  # running from a source tree that is not installed
         return "0+unknown"
 
 
 def _load_builtins(reg: Registry) -> None:
-    version = _version()
+    seqzoo_version = _version()
     for module_name in _builtin_modules():
         module = importlib.import_module(module_name)
         before = len(reg.problems)
-        info = _register(reg, module, Plugin(module_name, "built-in", "seqzoo", version))
+        info = _register(reg, module, Plugin(module_name, "built-in", "seqzoo", seqzoo_version))
         if info.status != "loaded":
             raise RegistryError(info.message)
         if len(reg.problems) > before:  # a built-in that breaks the rules is seqzoo's own bug
@@ -378,8 +375,6 @@ def _load_builtins(reg: Registry) -> None:
 # -- third-party plugins: entry points --------------------------------------------------------------
 def _load_entry_points(reg: Registry) -> None:
     """Every entry point of group ``seqzoo``, in name order (so a clash resolves the same way)."""
-    from importlib.metadata import entry_points
-
     seen = set()
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
         if (point.name, point.value) in seen:  # the same distribution found twice on sys.path
@@ -398,7 +393,7 @@ def _load_entry_points(reg: Registry) -> None:
         try:
             obj = point.load()
         except Exception as error:
-            reg.plugins[info.name] = _skip(info, f"cannot import {point.value}: {_first_line(error)}")
+            reg.plugins[info.name] = _skip(info, f"cannot import {point.value}: {first_line(error, with_type=True)}")
             reg.report(info.message)
             continue
         if _register(reg, obj, info).status == "skipped":
@@ -438,7 +433,7 @@ def _load_local(reg: Registry, ref: str) -> Plugin:
         except Exception as error:
             sys.modules.pop(module_name, None)
             reg.plugins[name] = info
-            return _skip(info, f"cannot import {ref}: {_first_line(error)}")
+            return _skip(info, f"cannot import {ref}: {first_line(error, with_type=True)}")
         return _register(reg, module, info)
     info = reg.plugins.get(ref)
     if info is not None and info.status == "loaded":
@@ -449,7 +444,7 @@ def _load_local(reg: Registry, ref: str) -> Plugin:
         info = reg.plugins[ref] = Plugin(ref, "local")
         nearby = Path(f"{ref}.py")
         hint = f" (to load the file, write ./{nearby})" if isinstance(error, ImportError) and nearby.is_file() else ""
-        return _skip(info, f"cannot import {ref}: {_first_line(error)}{hint}")
+        return _skip(info, f"cannot import {ref}: {first_line(error, with_type=True)}{hint}")
     if reg.manager.is_registered(module):  # already loaded, e.g. through its entry point
         return reg.plugins[reg.manager.get_name(module)]
     distribution, version = _distribution_of(module)
@@ -458,8 +453,6 @@ def _load_local(reg: Registry, ref: str) -> Plugin:
 
 def _distribution_of(module: object) -> tuple[str, str]:
     """The installed distribution that ships ``module``'s top-level package, if any."""
-    from importlib.metadata import packages_distributions, version
-
     top = getattr(module, "__name__", "").split(".")[0]
     try:
         names = packages_distributions().get(top) or []
@@ -520,6 +513,24 @@ def registry() -> Registry:
             if _registry is None:
                 _registry = _build()
     return _registry
+
+
+def tokenizer(model_or_recipe):
+    """The tokenizer named by a model's (or a resolved recipe's) ``tokenizer:`` section.
+
+    A model that carries its tokenizer's serialised form (``model.tokenizer_state``, set by
+    ``seqzoo.load`` and ``seqzoo.from_hf``) rebuilds it from that (``cls.from_str``), so it needs
+    no file outside the checkpoint.
+    """
+    recipe = getattr(model_or_recipe, "recipe", model_or_recipe)
+    state = getattr(model_or_recipe, "tokenizer_state", None)
+    if state is not None:
+        spec = recipe["tokenizer"]
+        params = {"kind": spec} if isinstance(spec, str) else dict(spec)
+        cls = registry().get("tokenizer", params.pop("kind")).cls
+        if callable(getattr(cls, "from_str", None)):
+            return cls.from_str(state, **params)
+    return registry().create("tokenizer", recipe["tokenizer"])
 
 
 def _reset_for_tests() -> None:

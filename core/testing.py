@@ -14,9 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from safetensors.torch import load, save
 from torch import Tensor, nn
 
-from .interfaces import masked_softmax_attend, expand_kv
+from .attention import self_attention_inputs
+from .build import build
+from .cache import KVCache
+from .generation import generate
+from .interfaces import expand_kv, masked_softmax_attend
 from .registry import own_doc, registry
 
 B, H, K, T, D, C = 2, 4, 2, 5, 8, 32  # small shapes: batch, heads, kv heads, length, head dim, width
@@ -58,8 +63,6 @@ def _spec(name: str, params: dict) -> dict:
 # -- shared checks -----------------------------------------------------------------------------------
 def _state_dict_round_trip(make: Callable[[], nn.Module], run: Callable[[nn.Module], Tensor]) -> None:
     """Weights copied through safetensors bytes into a fresh instance reproduce the output."""
-    from safetensors.torch import load, save
-
     first, second = make(), make()
     for p in first.parameters():
         with torch.no_grad():
@@ -97,8 +100,6 @@ def _gradcheck(fn: Callable[..., Tensor], *inputs: Tensor) -> None:
 
 def _decoder(**model: object) -> nn.Module:
     """A two-layer float32 decoder LM on the CPU (GQA, RoPE unless overridden) for model-level checks."""
-    from .build import build
-
     recipe = {"kind": "decoder_lm", "vocab_size": 259, "dim": C, "layers": 2, "max_seq_len": 64,
               "attention": {"heads": H, "kv_heads": K}, "position": "rope", **model}
     return build({"model": recipe}, device="cpu", dtype="float32").eval()
@@ -106,8 +107,6 @@ def _decoder(**model: object) -> nn.Module:
 
 def _kv_cache_equivalence(model: nn.Module, length: int = 12) -> None:
     """Logits of token-by-token cached decoding equal the full forward; greedy output is identical."""
-    from .generation import generate
-
     ids = torch.randint(0, 256, (B, length))
     with torch.no_grad():
         full = model(ids)
@@ -124,8 +123,6 @@ def _kv_cache_equivalence(model: nn.Module, length: int = 12) -> None:
 def _left_padding(model: nn.Module) -> None:
     """A left-padded row gives what the same row gives alone, and cached generation with the
     padding mask equals uncached generation."""
-    from .generation import generate
-
     ids = torch.randint(0, 256, (B, 6))
     mask = torch.ones(B, 6, dtype=torch.long)
     mask[1, :2] = 0
@@ -439,6 +436,93 @@ def _cell_checks(name: str, params: dict) -> dict[str, Callable[[], None]]:
             "state_dict": state_dict}
 
 
+def _mixer_checks(name: str, params: dict) -> dict[str, Callable[[], None]]:
+    """Token mixers: (B, T, C) -> (B, T, C), causal, and decoding piece by piece through their
+    state (left-padded rows included, rows reordered midway) equal to the full forward."""
+    make = lambda: registry().create("mixer", _spec(name, params), C)  # noqa: E731
+    position = registry().create("position", "none", C, D, H, 64)
+    length = 9
+    x = torch.randn(B, length, C)
+
+    def full(mixer: nn.Module, inputs: Tensor, padding: Tensor | None = None) -> Tensor:
+        q_pos = torch.arange(inputs.shape[1])[None]
+        return mixer(inputs, self_attention_inputs(position, q_pos, causal=True, key_padding=padding))
+
+    def pieces(mixer: nn.Module, inputs: Tensor, padding: Tensor | None = None,
+               reorder_at: int | None = None) -> tuple[Tensor, Tensor]:
+        """The first 3 tokens, then one at a time, through a decode state -> (outputs, row order)."""
+        cache = KVCache([mixer.new_state(inputs.shape[0], inputs.shape[1], dtype=inputs.dtype)],
+                        inputs.shape[0], inputs.shape[1])
+        rows = torch.arange(inputs.shape[0])
+        outs = []
+        for start, end in [(0, 3), *((t, t + 1) for t in range(3, inputs.shape[1]))]:
+            if reorder_at == start:  # as beam search does: the state's rows change places
+                perm = torch.arange(inputs.shape[0]).flip(0)
+                cache.reorder(perm)
+                rows, outs = rows[perm], [o[perm] for o in outs]
+            seen = padding[rows, :end] if padding is not None else None
+            q_pos = torch.arange(start, end)[None]
+            context = self_attention_inputs(position, q_pos, causal=True, cache=cache, key_padding=seen)
+            outs.append(mixer(inputs[rows, start:end], context, cache.states[0]))
+            cache.advance(q_pos)
+        return torch.cat(outs, dim=1), rows
+
+    def shapes() -> None:
+        with torch.no_grad():
+            out = full(make().eval(), x)
+        if out.shape != x.shape:
+            raise AssertionError(f"output shape {tuple(out.shape)} differs from the input's {tuple(x.shape)}")
+
+    def causality() -> None:
+        mixer = make().eval()
+        changed = x.clone()
+        changed[:, 6:] = torch.randn(B, length - 6, C)
+        with torch.no_grad():
+            worst = (full(mixer, x)[:, :6] - full(mixer, changed)[:, :6]).abs().max().item()
+        if worst > 0:
+            raise AssertionError(f"a later token changed an earlier output by {worst:.2e}")
+
+    def decode_steps() -> None:
+        mixer = make().eval()
+        with torch.no_grad():
+            worst = (pieces(mixer, x)[0] - full(mixer, x)).abs().max().item()
+        if worst > 1e-5:
+            raise AssertionError(f"decoding through the state differs from the full forward by {worst:.2e}")
+
+    def left_padding() -> None:
+        mixer = make().eval()
+        padding = torch.ones(B, length, dtype=torch.long)
+        padding[1, :2] = 0
+        with torch.no_grad():
+            alone = full(mixer, x[1:, 2:])[0]
+            padded = full(mixer, x, padding)[1, 2:]
+            stepped = pieces(mixer, x, padding)[0][1, 2:]
+        worst = max((padded - alone).abs().max().item(), (stepped - alone).abs().max().item())
+        if worst > 1e-5:
+            raise AssertionError(f"left padding changed a real token's output by {worst:.2e}")
+
+    def state_reorder() -> None:
+        mixer = make().eval()
+        with torch.no_grad():
+            out, rows = pieces(mixer, x, reorder_at=5)
+            worst = (out - full(mixer, x[rows])).abs().max().item()
+        if worst > 1e-5:
+            raise AssertionError(f"after reordering the state's rows, decoding differs by {worst:.2e}")
+
+    def dtypes() -> None:
+        _dtypes(make, lambda m, dt: full(m, x.to(dt)))
+
+    def gradients() -> None:
+        mixer = make().double()
+        _gradcheck(lambda inputs: full(mixer, inputs), x[:1, :3])
+
+    def state_dict() -> None:
+        _state_dict_round_trip(make, lambda m: full(m, x))
+
+    return {"shapes": shapes, "causality": causality, "decode_steps": decode_steps, "left_padding": left_padding,
+            "state_reorder": state_reorder, "dtypes": dtypes, "gradients": gradients, "state_dict": state_dict}
+
+
 def checks_for(kind: str, name: str, params: dict | None = None) -> dict[str, Callable[[], None]]:
     """The named checks of one component (built with ``params`` or its ``example_params``)."""
     params = example_params(kind, name) if params is None else params
@@ -452,10 +536,12 @@ def checks_for(kind: str, name: str, params: dict | None = None) -> dict[str, Ca
         return _module_checks(kind, name, params)
     if kind == "cell":
         return _cell_checks(name, params)
+    if kind == "mixer":
+        return _mixer_checks(name, params)
     return {}
 
 
-CHECKED_KINDS = ("score", "position", "rope_scaling", "norm", "ffn", "activation", "cell")
+CHECKED_KINDS = ("score", "position", "rope_scaling", "norm", "ffn", "activation", "cell", "mixer")
 
 
 def check_component(kind: str, name: str, **params: object) -> list[CheckResult]:

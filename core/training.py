@@ -6,26 +6,27 @@ with those, so a resumed run needs no data-loader state and N steps equal k step
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
 import random
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import check_can_save
+from .checkpoint import check_can_save, read_extras, save, unwrap
+from .config import TrainConfig  # the train: section's schema; still importable from here
 from .errors import SeqzooError
-from .interfaces import Task, Tokenizer
-from .schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Spec, UnitInterval
+from .generation import generate
+from .interfaces import LanguageModel, Task, Tokenizer
+from .registry import registry
 
 IGNORE = -100  # label of positions that carry no loss
 
@@ -52,8 +53,6 @@ class _StopRequests:
         self.previous = None
 
     def __enter__(self) -> "_StopRequests":
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handle)
         return self
@@ -66,45 +65,6 @@ class _StopRequests:
     def __exit__(self, *exc) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The ``train:`` section of a recipe.
-
-    task: a ``task`` component (copy). steps: optimizer steps (1000). batch_size: examples per step
-    and process (32). lr: peak learning rate (3e-4). warmup: linear warm-up steps (100).
-    schedule: cosine | linear | constant after warm-up (cosine). min_lr_ratio: where the decay
-    ends, as a fraction of lr (0.1). weight_decay: AdamW decay of weight matrices (0.01; vectors —
-    norms and biases — are not decayed). beta1, beta2: AdamW betas (0.9, 0.95). grad_clip: clip
-    the global gradient norm to this (1.0; null = off). eval_every: evaluate every N steps (0 =
-    at the end only). eval_examples: held-out examples per evaluation (256). log_every: a history
-    entry every N steps (10). save_every: write the checkpoint every N steps (0 = at the end).
-    seed: data, initialisation and dropout seed (0). precision: auto (bfloat16 autocast on CUDA,
-    float32 on the CPU) | float32 | bfloat16. parallel: ddp | fsdp under torchrun (ddp).
-    init: a seqzoo checkpoint whose weights and tokenizer the run starts from (fine-tuning; the
-    recipe's model must have the same tensors), or null for a fresh initialisation.
-    """
-
-    task: Spec["task"] = "copy"
-    steps: PositiveInt = 1000
-    batch_size: PositiveInt = 32
-    lr: PositiveFloat = 3e-4
-    warmup: NonNegativeInt = 100
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    min_lr_ratio: UnitInterval = 0.1
-    weight_decay: NonNegativeFloat = 0.01
-    beta1: UnitInterval = 0.9
-    beta2: UnitInterval = 0.95
-    grad_clip: PositiveFloat | None = 1.0
-    eval_every: NonNegativeInt = 0
-    eval_examples: PositiveInt = 256
-    log_every: PositiveInt = 10
-    save_every: NonNegativeInt = 0
-    seed: NonNegativeInt = 0
-    precision: Literal["auto", "float32", "bfloat16"] = "auto"
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    init: str | None = None
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -134,9 +94,10 @@ class Examples:
     """
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, task: Task) -> None:
-        if not hasattr(model, "start_generation"):
-            raise TrainingError(f"{type(model).__name__} cannot be trained on tasks (it does not generate)")
-        self.family = "seq2seq" if hasattr(model, "encode") else "causal"
+        if not isinstance(model, LanguageModel):
+            raise TrainingError(f"{type(model).__name__} cannot be trained on tasks: it does not generate "
+                                f"(not a seqzoo.interfaces.LanguageModel)")
+        self.family = model.family
         if tokenizer.eos_id is None:
             raise TrainingError("the tokenizer has no eos id; tasks need one to end answers")
         self.tokenizer, self.task = tokenizer, task
@@ -144,7 +105,7 @@ class Examples:
         self.bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
         self.pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
         # Models whose forward takes ``targets=`` return the loss without building the logits.
-        self.fused_loss = "targets" in inspect.signature(type(model).forward).parameters
+        self.fused_loss = model.fused_loss
 
     def prompt_text(self, prompt: str) -> str:
         """What a causal model is prompted with at evaluation (and by the user afterwards)."""
@@ -177,7 +138,7 @@ class Examples:
     def logits(self, model: nn.Module, batch: dict[str, Tensor], **kwargs) -> Tensor:
         if self.family == "seq2seq":
             tgt = batch["tgt"].clone()
-            tgt[:, 0] = _unwrap(model).decoder_start_id
+            tgt[:, 0] = unwrap(model).decoder_start_id
             return model(batch["src"], tgt, src_mask=batch["src_mask"], **kwargs)
         return model(batch["ids"], **kwargs)
 
@@ -202,7 +163,7 @@ class Examples:
             count += len(chunk)
         result = {"loss": total / count, "examples": count}
         if self.task.exact_match:
-            predictions = self.answers(_unwrap(model), [p for p, _ in pairs], [a for _, a in pairs], device)
+            predictions = self.answers(unwrap(model), [p for p, _ in pairs], [a for _, a in pairs], device)
             hits = sum(pred == answer for pred, (_, answer) in zip(predictions, pairs))
             result["accuracy"] = hits / len(pairs)
             result["samples"] = [{"prompt": self.prompt_text(p) if self.family == "causal" else p,
@@ -214,8 +175,6 @@ class Examples:
     def answers(self, model: nn.Module, prompts: list[str], answers: list[str],
                 device: torch.device) -> list[str]:
         """Greedy answers (decoded, up to eos) to ``prompts``; ``answers`` bound the length."""
-        from .generation import generate
-
         budget = max(len(self.tokenizer.encode(a)) for a in answers) + 1
         out: list[str | None] = [None] * len(prompts)
         encoded = [self.prompt_ids(p) for p in prompts]
@@ -249,11 +208,6 @@ def _pad(rows: list[list[int]], value: int) -> tuple[Tensor, Tensor]:
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
     return ids, mask
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    model = getattr(model, "_orig_mod", model)  # torch.compile
-    return getattr(model, "module", model)  # DistributedDataParallel
 
 
 # -- distributed -----------------------------------------------------------------------------------
@@ -297,13 +251,10 @@ def _wrap(model: nn.Module, config: TrainConfig, dist_info: Distributed, device:
     if config.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for module in model.modules():  # shard block by block, then the rest
-            if type(module).__name__ in ("TransformerBlock", "RecurrentStack"):
-                fully_shard(module)
+        for module in model.shard_units():  # shard layer by layer, then the rest
+            fully_shard(module)
         return fully_shard(model)
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 # -- state -----------------------------------------------------------------------------------------
@@ -370,8 +321,6 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     """Train ``model`` in place on ``config.task``; write ``output`` (rank 0) at the end, every
     ``save_every`` steps, and when interrupted (Ctrl-C). ``resume`` continues a run from its
     checkpoint; ``until`` stops after that step (a checkpoint to resume from later)."""
-    from .registry import registry
-
     dist_info = Distributed.from_env()
     if output and dist_info.main:  # before the first step: a run must have somewhere to end up
         check_can_save(output)
@@ -476,8 +425,6 @@ def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim
     """The model (as ``seqzoo.save`` writes it) plus optimizer state, step, RNG state and history,
     so ``--resume`` continues exactly. Every rank takes part in gathering sharded state; only rank
     0 writes."""
-    from .checkpoint import save
-
     weights = _model_state(model)
     tensors, settings = train_state(model, optimizer)
     if not dist_info.main:
@@ -498,8 +445,6 @@ def check_resumable(path: str, metadata: dict[str, str]) -> None:
 
 
 def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
-    from .checkpoint import read_extras
-
     metadata, tensors = read_extras(path)
     check_resumable(path, metadata)
     meta = json.loads(metadata["seqzoo.train"])

@@ -74,7 +74,7 @@ def test_sliding_window_mask_counts_window_keys_per_row():
 
 def test_mask_with_cache_is_bottom_right_aligned():
     position = seqzoo.registry().create("position", "none", 8, 2, 4, 32)
-    cache = seqzoo.cache.KVCache(1, 1, 4, 2, 16)
+    cache = seqzoo.cache.KVCache([], 1, 16)
     cache.length = 5
     inputs = self_attention_inputs(position, torch.arange(5, 8)[None], causal=True, cache=cache)
     assert inputs.mask[0, 0].sum(-1).tolist() == [6, 7, 8]

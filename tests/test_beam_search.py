@@ -7,13 +7,14 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 import seqzoo
+from seqzoo.interfaces import LanguageModel
 
 
-class MarkovChain(nn.Module):
-    """A 'model' whose next-token distribution depends only on the last token: table[last]."""
+class MarkovChain(LanguageModel):
+    """A 'model' whose next-token distribution depends only on the last token: table[last]. It
+    implements only what the LanguageModel contract asks of a generating model."""
 
     def __init__(self, table: torch.Tensor, start: int = 0) -> None:
         super().__init__()

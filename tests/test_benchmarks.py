@@ -32,3 +32,61 @@ def test_startup_benchmark_runs(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "seqzoo --help" in out.stdout
+
+
+# -- benchmarks/gpu.py: its numbers need a GPU; here, its CPU behaviour and its FLOP count ---------
+def _gpu_benchmark():
+    """benchmarks/gpu.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seqzoo_gpu_benchmark", BENCHMARKS / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def _no_cuda_env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU even on a machine that has one
+
+
+def test_gpu_benchmark_without_cuda_says_so_in_one_line():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "gpu.py"), "--quick"], capture_output=True, text=True,
+                         timeout=300, env=_no_cuda_env())
+    assert out.returncode == 1 and out.stdout == ""
+    said = [line for line in out.stderr.splitlines() if "gpu.py" in line]
+    assert len(said) == 1 and "needs a CUDA GPU" in said[0] and "Traceback" not in out.stderr
+
+
+def test_gpu_check_without_cuda_stops_before_the_tests(tmp_path):
+    out = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, env={**_no_cuda_env(), "PYTHON": sys.executable})
+    assert out.returncode == 1
+    assert "needs a CUDA device" in (tmp_path / "summary.txt").read_text()
+    assert not (tmp_path / "cuda_tests.txt").exists()
+
+
+def test_gpu_benchmark_flop_count():
+    import pytest
+
+    import seqzoo
+
+    gpu = _gpu_benchmark()
+    assert gpu.train_flops_per_token(1000, 2, 8, 16) == 6 * 1000 + 12 * 2 * 8 * 16 == 9072
+    # 1000 tokens/s × 9072 FLOP = 9.072e6 FLOP/s: all of a 9.072e6 FLOP/s peak, half of twice that
+    assert gpu.mfu(1000, 9072, 9.072e-6) == pytest.approx(1.0)
+    assert gpu.mfu(1000, 9072, 2 * 9.072e-6) == pytest.approx(0.5)
+    # N leaves out the looked-up tables only: tiny-gpt's 256 × 64 position table; its token table
+    # counts once, as the tied LM head, and is left out when the head is a matrix of its own.
+    tied = seqzoo.build("tiny-gpt", device="meta")
+    untied = seqzoo.build("tiny-gpt", ["model.tie_embeddings=false"], device="meta")
+    assert gpu.matmul_params(tied) == sum(p.numel() for p in tied.parameters()) - 256 * 64
+    assert gpu.matmul_params(untied) == sum(p.numel() for p in untied.parameters()) - 256 * 64 - 259 * 64
+    # GPT-2 small: nanoGPT's 123.65M non-embedding parameters, 855 MFLOP per token at T = 1024
+    gpt2 = seqzoo.build("gpt2", device="meta")
+    assert gpu.matmul_params(gpt2) == 124_439_808 - 1024 * 768 == 123_653_376
+    assert gpu.train_flops_per_token(123_653_376, 12, 768, 1024) == 855_166_464
+    assert gpu.gpt2_shapes() == {"vocab": 50257, "dim": 768, "layers": 12, "heads": 12, "positions": 1024,
+                                 "hidden": 3072}

@@ -43,7 +43,7 @@ def test_embed_norm_and_scale_apply_to_token_embeddings():
         embedded = norm(model.embed(ids) * math.sqrt(64))
         first = model.decoder.blocks[0]
         inputs = self_attention_inputs(model.decoder.position, torch.arange(4)[None], causal=True)
-        expected = model.lm_head(model.decoder.final_norm(first(embedded, inputs, 0)))
+        expected = model.lm_head(model.decoder.final_norm(first(embedded, inputs)))
         # only one block in this check: drop the second
         model.decoder.blocks = model.decoder.blocks[:1]
         torch.testing.assert_close(model(ids), expected, atol=1e-5, rtol=1e-5)

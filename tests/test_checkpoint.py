@@ -75,7 +75,8 @@ def test_failed_save_keeps_the_previous_file(tmp_path, tiny_gpt, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(seqzoo.checkpoint, "save_file", disk_full)
-    with pytest.raises(seqzoo.CheckpointError, match="could not save \\(No space left on device\\); the previous file is intact"):
+    with pytest.raises(seqzoo.CheckpointError, match="could not save \\(No space left on device\\); the previous "
+                                                     "file is intact"):
         seqzoo.save(tiny_gpt, path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["m.safetensors"]

@@ -8,8 +8,9 @@ import torch
 
 import seqzoo
 
-SCALINGS = [None, "{kind: linear, factor: 2}", "{kind: ntk, factor: 2}", "{kind: yarn, factor: 4, original_max_seq_len: 64}",
-            "{kind: llama3, factor: 4, original_max_seq_len: 64}", "{kind: dynamic, factor: 2, original_max_seq_len: 64}"]
+SCALINGS = [None, "{kind: linear, factor: 2}", "{kind: ntk, factor: 2}",
+            "{kind: yarn, factor: 4, original_max_seq_len: 64}", "{kind: llama3, factor: 4, original_max_seq_len: 64}",
+            "{kind: dynamic, factor: 2, original_max_seq_len: 64}"]
 
 
 @pytest.mark.slow

@@ -312,3 +312,80 @@ def test_readme_timing_claims_are_the_measured_ones():
     for seconds in claims:
         assert f"about {seconds} s on 2 CPU cores" in section, seconds
     assert "time seqzoo train tiny-gpt" in section
+
+
+# -- links: the project stands on its own --------------------------------------------------------------
+LINKED_DOCS = [*DOCS, *sorted((ROOT / "examples").glob("**/README.md"))]
+# A Markdown link or image, [text](target "title") or ![alt](<target>); escaped brackets are text.
+LINK = re.compile(r"(?<!\\)!?\[(?:[^\[\]]|\\[\[\]])*\]\(\s*(?:<([^>]*)>|([^\s)]*))(?:\s+[\"'(][^)]*)?\)")
+REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(?:<([^>]*)>|(\S+))", re.MULTILINE)  # [label]: target
+CODE = re.compile(r"^([ \t]*)(```|~~~).*?^\1\2[ \t]*$|`[^`\n]+`", re.MULTILINE | re.DOTALL)
+# Written in pieces so that this file does not trip its own check.
+OUTSIDE = ("../" + "shared", "shared/" + "reference")
+CHECKED_TREES = ["README.md", "pyproject.toml", "docs", "core", "plugins", "tests", "examples", "benchmarks",
+                 "recipes"]
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini", ".json", ".sh"}
+
+
+def link_problems(path: Path, text: str) -> list[str]:
+    """Every link or image in a Markdown file that is neither an http(s) URL nor a file inside the
+    repository (relative to the file, anchors and queries dropped), as ``file:line: target``."""
+    prose = CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)  # keep offsets, drop code
+    problems = []
+    for match in [*LINK.finditer(prose), *REFERENCE.finditer(prose)]:
+        target = (match.group(1) or match.group(2) or "").strip()
+        where = f"{path.relative_to(ROOT)}:{prose.count(chr(10), 0, match.start()) + 1}: {target or '(empty)'}"
+        if re.match(r"https?://", target):
+            continue
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):  # mailto:, file:, ftp:, ...
+            problems.append(f"{where} (only http(s) URLs and files in the repository)")
+            continue
+        local = re.split(r"[#?]", target, maxsplit=1)[0]
+        if not local:
+            if not target.startswith("#"):
+                problems.append(f"{where} (an empty link)")
+            continue  # an anchor in the same file
+        resolved = ((ROOT / local.lstrip("/")) if local.startswith("/") else (path.parent / local)).resolve()
+        if not resolved.is_relative_to(ROOT):
+            problems.append(f"{where} (outside the repository)")
+        elif not resolved.exists():
+            problems.append(f"{where} (no such file)")
+    return problems
+
+
+def test_the_docs_link_only_to_urls_and_files_in_the_repository():
+    assert (ROOT / "docs" / "formulas.md") in LINKED_DOCS and len(LINKED_DOCS) > 3
+    problems = [p for path in LINKED_DOCS for p in link_problems(path, path.read_text(encoding="utf-8"))]
+    assert problems == []
+
+
+def test_link_check_catches_bad_links():
+    text = textwrap.dedent("""
+        [fine](https://example.org/x) [fine](plugins.md#writing) [fine](#anchor) ![fine](img/curves.png)
+        [missing](nope.md) ![missing image](img/nope.png "a title") [outside](../../elsewhere/README.md)
+        [scheme](ftp://example.org)
+        [ref]: missing-ref.md
+        `[in code](nope-in-code.md)` and \\[escaped\\](not-a-link.md)
+        ```text
+        [in a block](nope-in-a-block.md)
+        ```
+    """)
+    problems = link_problems(ROOT / "docs" / "example.md", text)
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "nope.md (no such file)", "img/nope.png (no such file)", "../../elsewhere/README.md (outside the repository)",
+        "ftp://example.org (only http(s) URLs and files in the repository)", "missing-ref.md (no such file)"]
+
+
+def test_nothing_in_the_repository_points_outside_it():
+    """Users have the repository only: no file may send them to the workspace folder beside it."""
+    files = []
+    for name in CHECKED_TREES:
+        top = ROOT / name
+        files += [top] if top.is_file() else [p for p in sorted(top.rglob("*")) if p.is_file()]
+    found = []
+    for path in files:
+        if path.suffix not in TEXT_SUFFIXES or "__pycache__" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            found += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for bad in OUTSIDE if bad in line]
+    assert found == []

@@ -1,5 +1,5 @@
 """Pictures: `seqzoo plot`, `attention` and `positions` write readable PNGs, the numbers behind
-them match the formulas (RoPE/YaRN wavelengths, ALiBi slopes, T5 buckets, sinusoids) and a
+them match docs/formulas.md (RoPE/YaRN wavelengths, ALiBi slopes, T5 buckets, sinusoids) and a
 hand-computed attention map, and bad input is one line on stderr with exit 2."""
 from __future__ import annotations
 
@@ -13,8 +13,16 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.plots import (PlotError, absolute_table, attention_panels, bias_by_distance, describe_position,
-                          metric_series, record_attention, rotary_wavelengths)
+from seqzoo.plots import (
+    PlotError,
+    absolute_table,
+    attention_panels,
+    bias_by_distance,
+    describe_position,
+    metric_series,
+    record_attention,
+    rotary_wavelengths,
+)
 
 pytest.importorskip("matplotlib")
 

@@ -342,7 +342,8 @@ def test_broken_plugin_is_an_error_when_strict(site, monkeypatch, capsys):
     monkeypatch.setattr(registry_module, "_registry", None)  # main() builds it, strictly
     assert main(["list"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["seqzoo: error: plugin 'broken' (seqzoo-acme 1.0) skipped: seqzoo_components() raised ValueError: boom"]
+    assert err == ["seqzoo: error: plugin 'broken' (seqzoo-acme 1.0) skipped: seqzoo_components() raised ValueError: "
+                   "boom"]
 
 
 def test_broken_cli_plugin_is_reported_and_skipped(tmp_path, fresh, capsys):
@@ -433,7 +434,8 @@ def test_recipe_requires_entry_is_not_imported(tmp_path, fresh, monkeypatch):
     fresh()
     write_plugin(tmp_path, EVIL, "evil.py")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(seqzoo.RecipeError, match=r"score 'evil' is not available: the recipe requires evil, which is not installed"):
+    with pytest.raises(seqzoo.RecipeError, match=r"score 'evil' is not available: the recipe requires evil, which is "
+                                                 r"not installed"):
         resolve(with_score("evil", requires=["evil"]))
     assert not (tmp_path / "evil.imported").exists() and "evil" not in sys.modules
 
@@ -488,9 +490,11 @@ def test_requires_satisfied_builds_and_is_kept_in_the_resolved_recipe(site, fres
 
 
 @pytest.mark.parametrize("value, message", [
-    (["seqzoo acme"], r"requires\.0: 'seqzoo acme' is not a distribution requirement \(.*\); write e\.g\. seqzoo-acme>=1\.2"),
+    (["seqzoo acme"],
+     r"requires\.0: 'seqzoo acme' is not a distribution requirement \(.*\); write e\.g\. seqzoo-acme>=1\.2"),
     ([3], r"requires\.0: expected a requirement string such as 'seqzoo-acme>=1\.2', got 3"),
-    ("seqzoo-acme", r"requires: expected a list of distribution requirements such as \[seqzoo-acme>=1\.2\], got 'seqzoo-acme'"),
+    ("seqzoo-acme",
+     r"requires: expected a list of distribution requirements such as \[seqzoo-acme>=1\.2\], got 'seqzoo-acme'"),
 ])
 def test_requires_malformed_is_a_recipe_error(fresh, value, message):
     fresh()
@@ -556,7 +560,8 @@ def test_load_names_the_distribution_when_its_plugin_is_missing(site, fresh, tmp
         warnings.simplefilter("error")  # one error, not a warning and then a different error
         with pytest.raises(seqzoo.CheckpointError,
                            match=r"m\.safetensors: recipe key model\.attention\.score: score 'manhattan' comes from "
-                                 r"seqzoo-acme 1\.2\.0, which is not installed here; pip install 'seqzoo-acme==1\.2\.0'$"):
+                                 r"seqzoo-acme 1\.2\.0, which is not installed here; pip install "
+                                 r"'seqzoo-acme==1\.2\.0'$"):
             seqzoo.load(path)
 
 
@@ -600,7 +605,8 @@ def test_load_warns_when_another_distribution_provides_the_component(site, fresh
     path = _saved_with_acme(site, fresh, tmp_path, "1.2.0")
     site(GOOD, dist="seqzoo-zeta", version="1.2.0", entry="zeta")
     fresh()
-    with pytest.warns(ProvenanceWarning, match=r"was saved from seqzoo-acme 1\.2\.0 but is now provided by seqzoo-zeta 1\.2\.0"):
+    with pytest.warns(ProvenanceWarning, match=r"was saved from seqzoo-acme 1\.2\.0 but is now provided by "
+                                               r"seqzoo-zeta 1\.2\.0"):
         seqzoo.load(path)
 
 

@@ -44,12 +44,12 @@ def test_example_components_are_listed_with_their_distribution(target, tmp_path)
     out = run(["-m", "seqzoo", "list"], target, tmp_path)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     lines = {tuple(line.split()[:2]): line for line in out.stdout.splitlines()}
-    for key in [("score", "sigmoid"), ("position", "kerple"), ("cell", "mingru")]:
+    for key in [("score", "sigmoid"), ("position", "kerple"), ("cell", "mingru"), ("mixer", "causal_conv")]:
         assert lines[key].endswith(f"[{DIST}]"), lines[key]
     plugins = run(["-m", "seqzoo", "plugins"], target, tmp_path).stdout
     row = next(line for line in plugins.splitlines() if line.startswith("example "))
-    assert row.split()[1:] == ["seqzoo-example-plugin", "0.1.0", "loaded", "seqzoo_components", "3",
-                               "(cell", "1,", "position", "1,", "score", "1)"]
+    assert row.split()[1:] == ["seqzoo-example-plugin", "0.1.0", "loaded", "seqzoo_components", "4",
+                               "(cell", "1,", "mixer", "1,", "position", "1,", "score", "1)"]
 
 
 @pytest.mark.parametrize("value", ["1", "example"])
@@ -109,6 +109,46 @@ def test_example_components_pass_the_kit(target, tmp_path):
     failed = [line for line in out.stdout.splitlines() if line.startswith("FAILED")]
     assert failed == []  # sigmoid attention declares normalization = "sigmoid": its softmax check skips
     assert out.returncode == 0
-    for component in ("score/sigmoid", "position/kerple", "cell/mingru"):
+    for component in ("score/sigmoid", "position/kerple", "cell/mingru", "mixer/causal_conv"):
         assert f"PASSED  {component} shapes" in out.stdout
     assert "PASSED  cell/mingru step_matches_sequence" in out.stdout or "cell" not in out.stdout
+    # the conv mixer decodes through its (B, k - 1, C) state, with left padding and reordered rows
+    for check in ("decode_steps", "left_padding", "state_reorder"):
+        assert f"PASSED  mixer/causal_conv {check}" in out.stdout
+
+
+CONV_MIXER_GENERATION = textwrap.dedent("""
+    import json, sys, torch, seqzoo
+
+    torch.manual_seed(0)
+    model = seqzoo.build(sys.argv[1], device="cpu").eval()
+    mixers = [type(block.attn).__name__ for block in model.decoder.blocks]
+    ids = torch.randint(0, 256, (2, 5))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, :2] = 0  # the second prompt is left-padded
+    cached = seqzoo.generate(model, ids, 8, eos_id=None)
+    uncached = seqzoo.generate(model, ids, 8, eos_id=None, use_cache=False)
+    padded = seqzoo.generate(model, ids, 8, eos_id=None, attention_mask=mask)
+    padded_uncached = seqzoo.generate(model, ids, 8, eos_id=None, attention_mask=mask, use_cache=False)
+    print(json.dumps({"mixers": mixers, "new": cached.shape[1] - ids.shape[1],
+                      "same": torch.equal(cached, uncached), "padded_same": torch.equal(padded, padded_uncached)}))
+""")
+
+
+def test_example_conv_mixer_recipe_builds_and_generates_with_its_state(target, tmp_path):
+    recipe = str(EXAMPLE / "recipes" / "tiny-conv-mixer.yaml")
+    out = run(["-c", BUILD_SAVE_LOAD, recipe, str(tmp_path / "m.safetensors")], target, tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["same"]
+    assert result["components"]["model.layer_types.conv.mixer"] == {
+        "kind": "mixer", "name": "causal_conv", "plugin": "example",
+        "distribution": "seqzoo-example-plugin", "version": "0.1.0"}
+
+    out = run(["-c", CONV_MIXER_GENERATION, recipe], target, tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["mixers"] == ["CausalConv", "MultiHeadAttention"] * 2  # pattern [conv, attention]
+    assert result["new"] == 8
+    assert result["same"], "greedy generation through the conv state differs from the uncached forward"
+    assert result["padded_same"], "with left padding, cached and uncached greedy generation differ"

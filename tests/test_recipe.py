@@ -129,7 +129,8 @@ def test_unknown_top_level_key_is_an_error(tmp_path):
 
 
 def test_unknown_model_kind_suggests(tmp_path):
-    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:3: model\.kind: unknown model 'decoder_ln'; did you mean 'decoder_lm'\?"):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:3: model\.kind: unknown model 'decoder_ln'; did you mean "
+                                                 r"'decoder_lm'\?"):
         resolve(write(tmp_path, "r.yaml", TINY.replace("kind: decoder_lm", "kind: decoder_ln")))
 
 
@@ -141,7 +142,8 @@ def test_format_version_must_be_1(tmp_path):
 
 
 def test_duplicate_key_is_an_error(tmp_path):
-    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:7: model\.layers: duplicate key \(first written on line 6\)"):
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:7: model\.layers: duplicate key \(first written on line "
+                                                 r"6\)"):
         resolve(write(tmp_path, "r.yaml", TINY.replace("  layers: 2\n", "  layers: 2\n  layers: 3\n")))
 
 
@@ -168,7 +170,8 @@ def test_extends_cycle_is_detected(tmp_path):
 
 
 def test_missing_recipe_file_lists_shipped():
-    with pytest.raises(seqzoo.RecipeError, match=r"no-such\.yaml:1: no such recipe file or shipped recipe \(shipped: .*tiny-gpt"):
+    with pytest.raises(seqzoo.RecipeError, match=r"no-such\.yaml:1: no such recipe file or shipped recipe \(shipped: "
+                                                 r".*tiny-gpt"):
         resolve("no-such.yaml")
 
 
@@ -178,7 +181,8 @@ def test_override_without_equals_is_an_error():
 
 
 def test_vocab_smaller_than_tokenizer_is_an_error():
-    with pytest.raises(seqzoo.RecipeError, match=r"model\.vocab_size: 100 is smaller than the bytes tokenizer's 259 ids"):
+    with pytest.raises(seqzoo.RecipeError, match=r"model\.vocab_size: 100 is smaller than the bytes tokenizer's 259 "
+                                                 r"ids"):
         resolve("tiny-gpt", ["model.vocab_size=100"])
 
 
@@ -206,7 +210,8 @@ def test_dict_recipe_extending_a_file_reports_its_own_keys_as_the_dict():
     with pytest.raises(seqzoo.RecipeError, match=r"^<recipe>:1: model\.attention\.score: unknown score 'scaled_dt'"):
         resolve({"extends": "tiny-gpt", "model": {"attention": {"heads": 4, "score": "scaled_dt"}}})
     # a key the dict does not set keeps the base file's line
-    with pytest.raises(seqzoo.RecipeError, match=r"tiny-gpt\.yaml:\d+: model\.attention\.heads: dim=30 must be divisible by heads=4"):
+    with pytest.raises(seqzoo.RecipeError, match=r"tiny-gpt\.yaml:\d+: model\.attention\.heads: dim=30 must be "
+                                                 r"divisible by heads=4"):
         resolve({"extends": "tiny-gpt", "model": {"dim": 30}})
 
 

@@ -11,6 +11,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 import seqzoo
 from seqzoo.errors import ConfigError, InputError
 from seqzoo.interfaces import RecurrentCell
+from seqzoo.layers import cell_factory
 from seqzoo.plugins.cell.gru import GRU
 from seqzoo.recurrent import RecurrentStack
 from seqzoo.testing import check_component
@@ -48,7 +49,7 @@ def random_states(stack: RecurrentStack, kind: str) -> list:
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
 def test_stack_matches_torch_two_layer_bidirectional_with_copied_weights(kind):
-    stack = RecurrentStack(I, H, {"kind": kind}, layers=2, bidirectional=True)
+    stack = RecurrentStack(I, H, cell_factory({"kind": kind}), layers=2, bidirectional=True)
     ref = torch_copy(stack, kind)
     x, start = torch.randn(B, T, I), random_states(stack, kind)
     out, states = stack(x, start)
@@ -64,7 +65,7 @@ def test_stack_matches_torch_two_layer_bidirectional_with_copied_weights(kind):
 
 
 def test_stack_matches_torch_packed_bidirectional_lstm_with_lengths():
-    stack = RecurrentStack(I, H, "lstm", layers=2, bidirectional=True)
+    stack = RecurrentStack(I, H, cell_factory("lstm"), layers=2, bidirectional=True)
     ref = torch_copy(stack, "lstm")
     x, lengths, start = torch.randn(B, T, I), torch.tensor([3, 7, 5]), random_states(stack, "lstm")
     out, states = stack(x, start, lengths)
@@ -76,7 +77,7 @@ def test_stack_matches_torch_packed_bidirectional_lstm_with_lengths():
 
 
 def test_padding_never_changes_a_real_position_bidirectional():
-    stack = RecurrentStack(I, H, "gru", layers=2, bidirectional=True)
+    stack = RecurrentStack(I, H, cell_factory("gru"), layers=2, bidirectional=True)
     x, lengths = torch.randn(B, T, I), torch.tensor([7, 2, 4])
     noisy = x.clone()
     noisy[1, 2:], noisy[2, 4:] = 100.0, -100.0
@@ -91,8 +92,8 @@ def test_padding_never_changes_a_real_position_bidirectional():
 
 
 def test_dropout_only_between_layers_and_only_in_training():
-    stack = RecurrentStack(I, H, "lstm", layers=2, dropout=0.5)
-    plain = RecurrentStack(I, H, "lstm", layers=2)
+    stack = RecurrentStack(I, H, cell_factory("lstm"), layers=2, dropout=0.5)
+    plain = RecurrentStack(I, H, cell_factory("lstm"), layers=2)
     plain.load_state_dict(stack.state_dict())
     x = torch.randn(B, T, I)
     stack.eval()
@@ -100,12 +101,12 @@ def test_dropout_only_between_layers_and_only_in_training():
     stack.train()
     a, b = stack(x)[0], stack(x)[0]
     assert not torch.allclose(a, b) and not torch.allclose(a, plain(x)[0])
-    one_layer = RecurrentStack(I, H, "lstm", layers=1, dropout=0.5).train()
+    one_layer = RecurrentStack(I, H, cell_factory("lstm"), layers=1, dropout=0.5).train()
     torch.testing.assert_close(one_layer(x)[0], one_layer(x)[0])  # nothing between layers to drop
 
 
 def test_state_continues_a_sequence_in_nested_or_bare_form():
-    stack = RecurrentStack(I, H, "lstm", layers=2).eval()
+    stack = RecurrentStack(I, H, cell_factory("lstm"), layers=2).eval()
     x = torch.randn(B, T, I)
     full, full_states = stack(x)
     first, states = stack(x[:, :3])
@@ -118,7 +119,7 @@ def test_state_continues_a_sequence_in_nested_or_bare_form():
 
 
 def test_output_concatenates_directions_like_the_outputs():
-    stack = RecurrentStack(I, H, "gru", bidirectional=True)
+    stack = RecurrentStack(I, H, cell_factory("gru"), bidirectional=True)
     x = torch.randn(B, T, I)
     out, states = stack(x)
     top = RecurrentStack.output(states[-1])  # (B, 2H): forward's last step, backward's first
@@ -127,7 +128,7 @@ def test_output_concatenates_directions_like_the_outputs():
 
 
 def test_reorder_state_picks_rows_of_every_tensor():
-    stack = RecurrentStack(I, H, "lstm", layers=2, bidirectional=True)
+    stack = RecurrentStack(I, H, cell_factory("lstm"), layers=2, bidirectional=True)
     _, states = stack(torch.randn(B, T, I))
     rows = torch.tensor([2, 2, 0])
     picked = RecurrentStack.reorder_state(states, rows)
@@ -137,13 +138,13 @@ def test_reorder_state_picks_rows_of_every_tensor():
 
 def test_bad_stack_settings_raise():
     with pytest.raises(ConfigError, match=r"recurrent stack: layers=0 must be >= 1"):
-        RecurrentStack(I, H, "lstm", layers=0)
+        RecurrentStack(I, H, cell_factory("lstm"), layers=0)
     with pytest.raises(ConfigError, match=r"recurrent stack: dropout=1.0 must be in \[0, 1\)"):
-        RecurrentStack(I, H, "lstm", dropout=1.0)
+        RecurrentStack(I, H, cell_factory("lstm"), dropout=1.0)
 
 
 def test_bad_state_raises():
-    stack = RecurrentStack(I, H, "gru", layers=2, bidirectional=True)
+    stack = RecurrentStack(I, H, cell_factory("gru"), layers=2, bidirectional=True)
     x = torch.randn(B, T, I)
     with pytest.raises(InputError, match=r"state must be a list of 2 per-layer states, got 1 entries"):
         stack(x, [[torch.zeros(B, H), torch.zeros(B, H)]])
@@ -152,7 +153,7 @@ def test_bad_state_raises():
 
 
 def test_bad_inputs_and_lengths_raise():
-    stack = RecurrentStack(I, H, "gru")
+    stack = RecurrentStack(I, H, cell_factory("gru"))
     with pytest.raises(InputError, match=r"GRU: x must be \(B, T >= 1, input_size=4\), got shape \(3, 7, 5\)"):
         stack(torch.randn(B, T, I + 1))
     with pytest.raises(InputError, match=r"x must be \(B, T >= 1, input_size=4\), got shape \(3, 0, 4\)"):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import struct
@@ -200,7 +199,8 @@ def test_wrong_dtype_is_reported_by_name(saved):
         meta, tensors = handle.metadata(), {k: handle.get_tensor(k) for k in handle.keys()}
     tensors["embed.weight"] = tensors["embed.weight"].half()
     save_file(tensors, str(saved), metadata=meta)
-    with pytest.raises(seqzoo.CheckpointError, match=r"wrong dtypes \(stored != recipe\): embed\.weight float16 != float32"):
+    with pytest.raises(seqzoo.CheckpointError, match=r"wrong dtypes \(stored != recipe\): embed\.weight float16 != "
+                                                     r"float32"):
         seqzoo.load(saved)
 
 

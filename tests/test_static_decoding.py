@@ -70,7 +70,7 @@ def test_static_steps_keep_their_shapes_and_read_no_python_length(tiny_gpt):
 
     def spy(model, tokens, positions, cache):
         seen.append((tokens.shape, positions.shape, cache.slot.shape, cache.valid.shape,
-                     tuple(k.shape for k in cache.k)))
+                     tuple(state.k.shape for state in cache.states)))
         return real(model, tokens, positions, cache)
 
     real, session.step = session.step, spy

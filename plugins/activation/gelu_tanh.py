@@ -1,4 +1,4 @@
-"""GELU, tanh approximation (Hendrycks & Gimpel, 2016): 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))).
+"""GELU, tanh approximation (Hendrycks & Gimpel, 2016): gelu(x) ≈ 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))).
 
 A name for ``{kind: gelu, approximate: tanh}``, as HF names it ``gelu_new`` / ``gelu_pytorch_tanh``
 (GPT-2, GPT-J, BLOOM, Gemma, T5 v1.1 gated-gelu).

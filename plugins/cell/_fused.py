@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor, _VF, nn
+from torch import _VF, Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from seqzoo.errors import ConfigError, InputError

@@ -10,7 +10,7 @@ The reset gate multiplies W_hn h + b_hn, after the matmul (arXiv v1, cuDNN, Kera
 """
 from __future__ import annotations
 
-from torch import Tensor, _VF
+from torch import _VF, Tensor
 
 import seqzoo
 

@@ -10,7 +10,7 @@ carousel"), which is why LSTM gradients fade far slower than a vanilla RNN's. ``
 """
 from __future__ import annotations
 
-from torch import Tensor, _VF
+from torch import _VF, Tensor
 
 import seqzoo
 

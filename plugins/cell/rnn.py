@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from torch import Tensor, _VF
+from torch import _VF, Tensor
 
 import seqzoo
 from seqzoo.errors import ConfigError

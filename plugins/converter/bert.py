@@ -13,8 +13,20 @@ from torch import nn
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.hf import (HFConverter, Rule, copy, ffn_activation, first_problem, fused, kind_of, linear,
-                       mlp_ffn, norm, special_ids)
+from seqzoo.hf import (
+    HFConverter,
+    Rule,
+    copy,
+    ffn_activation,
+    first_problem,
+    fused,
+    kind_of,
+    linear,
+    mlp_ffn,
+    norm,
+    special_ids,
+    uniform_problem,
+)
 
 DEFAULTS = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
             "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
@@ -85,6 +97,9 @@ class BertConverter(HFConverter):
         m = recipe["model"]
         if m["kind"] != "encoder":
             return f"model.kind is {m['kind']}, needs encoder"
+        problem = uniform_problem(m)
+        if problem:
+            return problem
         attn, act = m["attention"], ffn_activation(m["ffn"], "gelu_new")
         return first_problem(
             (kind_of(m["position"]) == "learned", "model.position must be learned"),

@@ -13,8 +13,19 @@ from torch import nn
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.hf import (HFConverter, Rule, copy, decoder_problem, ffn_activation, first_problem,
-                       kind_of, linear, mlp_ffn, norm, special_ids)
+from seqzoo.hf import (
+    HFConverter,
+    Rule,
+    copy,
+    decoder_problem,
+    ffn_activation,
+    first_problem,
+    kind_of,
+    linear,
+    mlp_ffn,
+    norm,
+    special_ids,
+)
 
 DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
             "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1, "attn_pdrop": 0.1,

@@ -13,8 +13,20 @@ from torch import nn
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.hf import (HFConverter, Rule, copy, decoder_problem, ffn_activation, first_problem,
-                       fused, glu_ffn, kind_of, linear, norm, special_ids)
+from seqzoo.hf import (
+    HFConverter,
+    Rule,
+    copy,
+    decoder_problem,
+    ffn_activation,
+    first_problem,
+    fused,
+    glu_ffn,
+    kind_of,
+    linear,
+    norm,
+    special_ids,
+)
 
 SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3")
 

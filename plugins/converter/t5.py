@@ -15,8 +15,20 @@ from collections.abc import Collection
 from torch import nn
 
 import seqzoo
-from seqzoo.hf import (HFConverter, Rule, copy, ffn_activation, first_problem, fused, glu_ffn, kind_of,
-                       mlp_ffn, norm, special_ids)
+from seqzoo.hf import (
+    HFConverter,
+    Rule,
+    copy,
+    ffn_activation,
+    first_problem,
+    fused,
+    glu_ffn,
+    kind_of,
+    mlp_ffn,
+    norm,
+    special_ids,
+    uniform_problem,
+)
 
 DEFAULTS = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
             "num_decoder_layers": None, "num_heads": 8, "relative_attention_num_buckets": 32,
@@ -111,6 +123,9 @@ class T5Converter(HFConverter):
         m = recipe["model"]
         if m["kind"] != "encoder_decoder":
             return f"model.kind is {m['kind']}, needs encoder_decoder"
+        problem = uniform_problem(m)
+        if problem:
+            return problem
         attn, score, act = m["attention"], m["attention"]["score"], ffn_activation(m["ffn"], "gelu_new")
         return first_problem(
             (kind_of(m["position"]) == "t5", "model.position must be t5"),

@@ -43,7 +43,7 @@ class GLU(FeedForward):
     #: The registry name, for error messages.
     variant: ClassVar[str] = "glu"
 
-    def __init__(self, dim: int, activation: Spec["activation"], hidden: int | None = None,
+    def __init__(self, dim: int, activation: Spec["activation"], hidden: int | None = None,  # noqa: F821
                  multiple_of: int = 1, ffn_dim_multiplier: float | None = None, bias: bool = False,
                  dropout: float = 0.0) -> None:
         super().__init__(dim)

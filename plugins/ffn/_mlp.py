@@ -21,7 +21,7 @@ class MLP(FeedForward):
     Submodules ``up`` (C -> F) and ``down`` (F -> C); ``down`` writes into the residual stream.
     """
 
-    def __init__(self, dim: int, activation: Spec["activation"], hidden: int | None = None,
+    def __init__(self, dim: int, activation: Spec["activation"], hidden: int | None = None,  # noqa: F821
                  bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__(dim)
         self.hidden = hidden or 4 * dim

@@ -20,7 +20,7 @@ class GluFFN(GLU):
     variant = "glu"
 
     def __init__(self, dim: int, hidden: Size | None = None,
-                 activation: Spec["activation"] = "sigmoid", multiple_of: PositiveInt = 1,
+                 activation: Spec["activation"] = "sigmoid", multiple_of: PositiveInt = 1,  # noqa: F821
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, activation, hidden, multiple_of, ffn_dim_multiplier, bias, dropout)

@@ -17,7 +17,7 @@ class MlpFFN(MLP):
     while training (0)."""
 
     def __init__(self, dim: int, hidden: Size | None = None,
-                 activation: Spec["activation"] = "gelu", bias: bool = True,
+                 activation: Spec["activation"] = "gelu", bias: bool = True,  # noqa: F821
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, activation, hidden, bias, dropout)
 

@@ -4,55 +4,73 @@ from __future__ import annotations
 
 import math
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.attention import AttentionConfig, check_attention
-from seqzoo.blocks import Placement, TransformerStack
+from seqzoo.blocks import Placement, Residual
 from seqzoo.cache import KVCache
 from seqzoo.errors import InputError
 from seqzoo.generation import CausalSession
 from seqzoo.init import init_weights
+from seqzoo.interfaces import LanguageModel, softcap
+from seqzoo.layers import build_stack, check_layers
 from seqzoo.linear import Linear
 from seqzoo.losses import linear_cross_entropy
-from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec
+from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec, Validator
 
 
-class DecoderLM(nn.Module):
+class DecoderLM(LanguageModel):
     """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention (see AttentionConfig),
     ffn (default gelu), position (default learned), norm (default layernorm), placement (pre|post),
     tie_embeddings (share the LM head with the token embedding; true), embed_norm (a norm right
     after the embeddings, BLOOM; null), scale_embeddings (multiply token embeddings by √C,
-    Vaswani/Gemma; false), dropout (embedding and residual dropout; 0), init_std (N(0, init_std)
-    weights; 0.02)."""
+    Vaswani/Gemma; the factor rounded to the weights' dtype first, as Gemma does; false), dropout
+    (embedding and residual dropout; 0), init_std (N(0, init_std) weights; 0.02). mixer: the token
+    mixer (null = attention, configured by ``attention``; e.g. {kind: recurrent, cell: gru}).
+    residual: sequential | parallel | parallel_shared (GPT-NeoX, GPT-J). final_softcap: cap the
+    logits at c·tanh(z/c) (Gemma 2; null). layer_types, pattern, layer_overrides: per-layer parts
+    (see ``seqzoo.layers``)."""
 
-    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
     prompt_padding = "left"
+    fused_loss = True
+    supports_compile = True
 
     def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
                  max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "pre", tie_embeddings: bool = True,
                  embed_norm: Spec["norm"] | None = None, scale_embeddings: bool = False,
-                 dropout: Probability = 0.0, init_std: PositiveFloat = 0.02) -> None:
+                 dropout: Probability = 0.0, init_std: PositiveFloat = 0.02,
+                 mixer: Spec["mixer"] | None = None, residual: Residual = "sequential",
+                 final_softcap: PositiveFloat | None = None, layer_types: dict[str, dict] | None = None,
+                 pattern: list[str] | None = None, layer_overrides: dict | None = None) -> None:
         super().__init__()
         self.vocab_size, self.dim, self.max_seq_len = vocab_size, dim, max_seq_len
         self.tie_embeddings = tie_embeddings
         self.embed_scale = math.sqrt(dim) if scale_embeddings else 1.0
+        self.final_softcap = final_softcap
         self.embed = nn.Embedding(vocab_size, dim)
-        self.decoder = TransformerStack(dim, layers, max_seq_len, attention, ffn, norm, position,
-                                        placement, dropout, causal=True, embed_norm=embed_norm)
+        self.decoder = build_stack(dict(
+            dim=dim, layers=layers, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
+            norm=norm, placement=placement, residual=residual, mixer=mixer, embed_norm=embed_norm,
+            dropout=dropout, layer_types=layer_types, pattern=pattern, layer_overrides=layer_overrides), causal=True)
         self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, layers, residual_names=("out_proj", "down"))
         self.tie_weights()
 
     @classmethod
-    def check_recipe(cls, model: dict, path: tuple) -> None:
+    def check_recipe(cls, model: dict, path: tuple, validator: Validator) -> None:
         check_attention(model["attention"], model["dim"], (*path, "attention"))
+        check_layers(model, path, validator)
 
     def tie_weights(self) -> None:
         if self.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+
+    def shard_units(self) -> list[nn.Module]:
+        return list(self.decoder.blocks)
 
     @property
     def max_positions(self) -> int | None:
@@ -76,23 +94,25 @@ class DecoderLM(nn.Module):
         is the mean cross-entropy, computed with the LM head fused in (no (B, T, V) logits).
         """
         x = self.embed(input_ids)  # (B, T, C)
-        if self.embed_scale != 1.0:
-            x = x * self.embed_scale
+        if self.embed_scale != 1.0:  # rounded to the weights' dtype first (Gemma's exact bf16 scale)
+            x = x * x.new_tensor(self.embed_scale)
         x = self.decoder(x, attention_mask=attention_mask, positions=positions, cache=cache)
-        if targets is not None:
+        if targets is not None and self.final_softcap is None:
             return linear_cross_entropy(x, self.lm_head.weight, targets, self.lm_head.bias)
-        if logits_to_keep:
+        if logits_to_keep and targets is None:
             x = x[:, -logits_to_keep:]
-        return self.lm_head(x)  # (B, T, V)
+        logits = softcap(self.lm_head(x), self.final_softcap)  # (B, T, V); the loss sees capped logits
+        if targets is not None:
+            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # -100: no loss
+        return logits
 
     def start_generation(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
                          attention_mask: Tensor | None = None, *, static: bool = False,
                          compile: bool = False) -> CausalSession:
-        position = self.decoder.position
-        if compile and not position.compiles_statically:
-            raise InputError(f"compile=True: the position scheme {type(position).__name__} changes "
-                             f"shape from step to step and would recompile every token; decode it "
-                             f"eagerly (compile=False)")
+        blocker = self.decoder.static_blocker() if compile else None
+        if blocker is not None:
+            raise InputError(f"compile=True: {blocker} changes shape from step to step and would recompile "
+                             f"every token; decode it eagerly (compile=False)")
         return CausalSession(self, input_ids, max_new_tokens, use_cache, attention_mask,
                              static=static, compile=compile)
 

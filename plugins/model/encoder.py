@@ -8,35 +8,43 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.attention import AttentionConfig, check_attention
-from seqzoo.blocks import Placement, TransformerStack
+from seqzoo.blocks import Placement, Residual
 from seqzoo.init import init_weights
-from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec
+from seqzoo.layers import build_stack, check_layers
+from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec, Validator
 
 
 class Encoder(nn.Module):
     """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention, ffn (gelu), position
     (learned), norm (layernorm), placement (post), type_vocab_size (token types; 2, 0 = none),
     embed_norm (norm after the summed embeddings; BERT's LayerNorm; null), pooler (true),
-    dropout (0), init_std (0.02)."""
+    dropout (0), init_std (0.02); mixer, residual, layer_types, pattern, layer_overrides as in
+    ``decoder_lm`` (recurrent mixers are causal and cannot serve an encoder)."""
 
     def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
                  max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "post", type_vocab_size: NonNegativeInt = 2,
                  embed_norm: Spec["norm"] | None = None, pooler: bool = True,
-                 dropout: Probability = 0.0, init_std: PositiveFloat = 0.02) -> None:
+                 dropout: Probability = 0.0, init_std: PositiveFloat = 0.02,
+                 mixer: Spec["mixer"] | None = None, residual: Residual = "sequential",
+                 layer_types: dict[str, dict] | None = None, pattern: list[str] | None = None,
+                 layer_overrides: dict | None = None) -> None:
         super().__init__()
         self.vocab_size, self.dim = vocab_size, dim
         self.embed = nn.Embedding(vocab_size, dim)
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size else None
-        self.encoder = TransformerStack(dim, layers, max_seq_len, attention, ffn, norm, position,
-                                        placement, dropout, causal=False, embed_norm=embed_norm)
+        self.encoder = build_stack(dict(
+            dim=dim, layers=layers, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
+            norm=norm, placement=placement, residual=residual, mixer=mixer, embed_norm=embed_norm,
+            dropout=dropout, layer_types=layer_types, pattern=pattern, layer_overrides=layer_overrides), causal=False)
         self.pooler = nn.Linear(dim, dim) if pooler else None
         init_weights(self, init_std, layers, residual_names=("out_proj", "down"))
 
     @classmethod
-    def check_recipe(cls, model: dict, path: tuple) -> None:
+    def check_recipe(cls, model: dict, path: tuple, validator: Validator) -> None:
         check_attention(model["attention"], model["dim"], (*path, "attention"))
+        check_layers(model, path, validator, causal=False)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:

@@ -10,15 +10,17 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.attention import AttentionConfig, check_attention
-from seqzoo.blocks import Placement, TransformerStack
+from seqzoo.blocks import Placement
 from seqzoo.cache import KVCache
 from seqzoo.init import init_weights
+from seqzoo.interfaces import LanguageModel
+from seqzoo.layers import build_stack
 from seqzoo.linear import Linear
 from seqzoo.losses import linear_cross_entropy
-from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec
+from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec, Validator
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(LanguageModel):
     """Recipe keys: vocab_size V (shared by source and target), dim C, encoder_layers,
     decoder_layers, max_seq_len, attention (self- and cross-attention), ffn (relu), position
     (sinusoidal; each stack gets its own instance — T5's bias table is per stack), norm
@@ -26,8 +28,9 @@ class EncoderDecoder(nn.Module):
     rescale_tied_head (× C^-1/2 before a tied head, T5 v1.0; false), decoder_start_id (the first
     decoder token; 0), dropout (0), init_std (0.02)."""
 
-    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
+    family = "seq2seq"
     prompt_padding = "right"
+    fused_loss = True
 
     def __init__(self, vocab_size: Size, dim: Size, encoder_layers: Depth,
                  decoder_layers: Depth, max_seq_len: Size, attention: AttentionConfig,
@@ -43,21 +46,25 @@ class EncoderDecoder(nn.Module):
         self.embed_scale = math.sqrt(dim) if scale_embeddings else 1.0
         self.head_scale = dim ** -0.5 if rescale_tied_head and tie_embeddings else 1.0
         self.embed = nn.Embedding(vocab_size, dim)
-        self.encoder = TransformerStack(dim, encoder_layers, max_seq_len, attention, ffn, norm,
-                                        position, placement, dropout, causal=False)
-        self.decoder = TransformerStack(dim, decoder_layers, max_seq_len, attention, ffn, norm,
-                                        position, placement, dropout, causal=True, cross=True)
+        section = dict(dim=dim, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
+                       norm=norm, placement=placement, dropout=dropout, encoder_layers=encoder_layers,
+                       decoder_layers=decoder_layers)
+        self.encoder = build_stack(section, layers_key="encoder_layers", causal=False)
+        self.decoder = build_stack(section, layers_key="decoder_layers", causal=True, cross=True)
         self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, encoder_layers + decoder_layers, residual_names=("out_proj", "down"))
         self.tie_weights()
 
     @classmethod
-    def check_recipe(cls, model: dict, path: tuple) -> None:
+    def check_recipe(cls, model: dict, path: tuple, validator: Validator) -> None:
         check_attention(model["attention"], model["dim"], (*path, "attention"))
         if model["decoder_start_id"] >= model["vocab_size"]:
             raise seqzoo.schema.SchemaError(
                 (*path, "decoder_start_id"),
                 f"{model['decoder_start_id']} is not a token id (vocab_size={model['vocab_size']})")
+
+    def shard_units(self) -> list[nn.Module]:
+        return [*self.encoder.blocks, *self.decoder.blocks]
 
     def tie_weights(self) -> None:
         if self.tie_embeddings:

@@ -15,20 +15,21 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.init import init_weights
+from seqzoo.interfaces import LanguageModel
+from seqzoo.layers import cell_factory
 from seqzoo.linear import Linear
 from seqzoo.recurrent import RecurrentStack
 from seqzoo.schema import Depth, PositiveFloat, Probability, SchemaError, Size, Spec
 
 
-class RNNLM(nn.Module):
+class RNNLM(LanguageModel):
     """Recipe keys: vocab_size V, dim (embedding width E), hidden (state width), layers (1),
     cell (lstm), dropout (embedding, inter-layer and output; 0), head (lm | last | mean |
     regression), num_classes (classes, or regression targets; required for last/mean),
     tie_embeddings (share the LM head with the embedding; needs dim == hidden; false),
     init_std (0.02 for the embedding and heads; cells keep their own init)."""
 
-    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
-    prompt_padding = None
+    prompt_padding = None  # the recurrence cannot skip left padding: prompts batch by length
 
     def __init__(self, vocab_size: Size, dim: Size, hidden: Size,
                  layers: Depth = 1, cell: Spec["cell"] = "lstm", dropout: Probability = 0.0,
@@ -40,20 +41,23 @@ class RNNLM(nn.Module):
         self.tie_embeddings = tie_embeddings and head == "lm"
         self.embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(dropout)
-        self.rnn = RecurrentStack(dim, hidden, cell, layers=layers, dropout=dropout)
+        self.rnn = RecurrentStack(dim, hidden, cell_factory(cell), layers=layers, dropout=dropout)
         outputs = vocab_size if head == "lm" else (num_classes or 1)
         self.head = Linear(hidden, outputs, bias=head != "lm")
         init_weights(self, init_std, layers)
         self.tie_weights()
 
     @classmethod
-    def check_recipe(cls, model: dict, path: tuple) -> None:
+    def check_recipe(cls, model: dict, path: tuple, validator: object = None) -> None:
         if model["head"] in ("last", "mean") and model["num_classes"] is None:
             raise SchemaError((*path, "num_classes"),
                               f"head {model['head']!r} classifies sequences: set num_classes")
         if model["tie_embeddings"] and model["dim"] != model["hidden"]:
             raise SchemaError((*path, "tie_embeddings"),
                               f"tying needs dim == hidden, got dim={model['dim']} and hidden={model['hidden']}")
+
+    def shard_units(self) -> list[nn.Module]:
+        return [self.rnn]
 
     def tie_weights(self) -> None:
         if self.tie_embeddings:

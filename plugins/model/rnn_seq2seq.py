@@ -23,13 +23,14 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.init import init_weights
+from seqzoo.interfaces import LanguageModel
+from seqzoo.layers import cell_factory
 from seqzoo.linear import Linear
 from seqzoo.recurrent import RecurrentStack
-from seqzoo.schema import (Depth, NonNegativeInt, PositiveFloat, Probability, SchemaError, Size,
-                           Spec, UnitInterval)
+from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, SchemaError, Size, Spec, UnitInterval
 
 
-class RNNSeq2Seq(nn.Module):
+class RNNSeq2Seq(LanguageModel):
     """Recipe keys: vocab_size V (shared by source and target), dim (embedding width E), hidden
     (state width H), layers (encoder and decoder; 1), cell (gru), bidirectional (encoder; false),
     attention (none, or a score name/mapping; none), dropout (0), teacher_forcing (probability of
@@ -37,7 +38,7 @@ class RNNSeq2Seq(nn.Module):
     decoder_start_id (0), tie_embeddings (output layer shares the embedding; false),
     init_std (0.02)."""
 
-    #: Where a batch of prompts of different lengths is padded (see ``seqzoo.generate``).
+    family = "seq2seq"
     prompt_padding = "right"
 
     def __init__(self, vocab_size: Size, dim: Size, hidden: Size,
@@ -53,7 +54,7 @@ class RNNSeq2Seq(nn.Module):
         self.tie_embeddings = tie_embeddings
         self.embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(dropout)
-        self.encoder = RecurrentStack(dim, hidden, cell, layers=layers, dropout=dropout,
+        self.encoder = RecurrentStack(dim, hidden, cell_factory(cell), layers=layers, dropout=dropout,
                                       bidirectional=bidirectional)
         directions = 2 if bidirectional else 1
         # A bidirectional encoder's states are 2H wide: project them to the decoder's H.
@@ -64,7 +65,7 @@ class RNNSeq2Seq(nn.Module):
         if attention != "none":
             self.attention = seqzoo.registry().create("score", attention, hidden, hidden, 1)
             context = hidden
-        self.decoder = RecurrentStack(dim + context, hidden, cell, layers=layers, dropout=dropout)
+        self.decoder = RecurrentStack(dim + context, hidden, cell_factory(cell), layers=layers, dropout=dropout)
         self.readout = Linear(hidden + context + dim, dim)
         self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, layers)
@@ -73,10 +74,13 @@ class RNNSeq2Seq(nn.Module):
         self.last_attention: Tensor | None = None
 
     @classmethod
-    def check_recipe(cls, model: dict, path: tuple) -> None:
+    def check_recipe(cls, model: dict, path: tuple, validator: object = None) -> None:
         if model["decoder_start_id"] >= model["vocab_size"]:
             raise SchemaError((*path, "decoder_start_id"),
                               f"{model['decoder_start_id']} is not a token id (vocab_size={model['vocab_size']})")
+
+    def shard_units(self) -> list[nn.Module]:
+        return [self.encoder, self.decoder]
 
     def tie_weights(self) -> None:
         if self.tie_embeddings:

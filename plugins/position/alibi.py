@@ -1,8 +1,10 @@
 """ALiBi, attention with linear biases (Press, Smith & Lewis, 2022).
 
-No position embeddings: head h adds bias[h, i, j] = −m_h·|p_i − p_j| to the (already scaled) logits.
-Slopes m_h = 2^(−8h/n) for n a power of two; other head counts take the c = 2^⌊log2 n⌋ power-of-two
-slopes followed by the odd-indexed slopes of 2c heads (the paper repo's ``get_slopes``, BLOOM, MPT).
+    bias[h, i, j] = −m_h·|p_i − p_j|,    m_h = 2^(−8h/n) for heads h = 1..n, n a power of two
+
+No position embeddings: head h adds that bias to the (already scaled) logits. Other head counts
+take the c = 2^⌊log2 n⌋ power-of-two slopes followed by the odd-indexed slopes of 2c heads (the
+paper repo's ``get_slopes``, BLOOM, MPT).
 For causal attention |p_i − p_j| = p_i − p_j on every visible key, and the symmetric form is the
 usual choice for bidirectional encoders (MosaicBERT), so one formula serves both.
 """

@@ -1,7 +1,8 @@
 """Rotary position embedding (Su et al., 2021, RoFormer).
 
-Pair k of each q/k head rotates by θ = p·ω_k, ω_k = base^(−2k/d_r):
-x'_a = x_a cos θ − x_b sin θ, x'_b = x_a sin θ + x_b cos θ. Pairs are (k, k + d_r/2) in the default
+    x'_a = x_a cos θ − x_b sin θ,    x'_b = x_a sin θ + x_b cos θ,    θ = p·ω_k,    ω_k = base^(−2k/d_r)
+
+Pair k, dims (a, b), of each q/k head rotates by θ at position p. Pairs are (k, k + d_r/2) in the default
 rotate-half layout (GPT-NeoX, HF LLaMA) or (2k, 2k+1) with ``interleaved: true`` (Meta LLaMA, GPT-J).
 Angles are formed in float64 and cos/sin kept in float32 whatever the model dtype (bf16 cannot hold positions
 above 256 exactly). Only the first ``rotary_dim`` dims of each head rotate (partial rotary).
@@ -47,7 +48,7 @@ class Rope(PositionScheme):
 
     def __init__(self, dim: int, head_dim: int, heads: int, max_seq_len: int,
                  base: PositiveFloat = 10000.0, rotary_dim: PositiveInt | None = None,
-                 interleaved: bool = False, scaling: Spec["rope_scaling"] | None = None) -> None:
+                 interleaved: bool = False, scaling: Spec["rope_scaling"] | None = None) -> None:  # noqa: F821
         super().__init__(dim, head_dim, heads, max_seq_len)
         self.rotary_dim = rotary_dim or head_dim
         if self.rotary_dim % 2 or self.rotary_dim > head_dim:

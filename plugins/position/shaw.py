@@ -1,7 +1,8 @@
 """Relative position representations (Shaw, Uszkoreit & Vaswani, 2018), key term only.
 
-e_ij = q_i·(k_j + a_ij) / √D with a_ij = w_{clip(p_j − p_i, k)} learned for offsets −k..k. The
-score computes q_i·k_j / √D; this scheme adds the rest, q_i·a_ij / √D, as a bias. The value term
+    e_ij = q_i·(k_j + a_ij) / √D,    a_ij = w_{clip(p_j − p_i, k)} learned for offsets −k..k
+
+The score computes q_i·k_j / √D; this scheme adds the rest, q_i·a_ij / √D, as a bias. The value term
 a^V (which the paper found adds little) is not included. One table is shared by all heads and all
 layers of the stack (the paper's big model shares across heads; it keeps one table per layer).
 """

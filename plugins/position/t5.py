@@ -1,6 +1,8 @@
 """T5 relative position bias (Raffel et al., 2020; HF ``T5Attention``).
 
-bias[h, i, j] = E[bucket(p_j − p_i), h] with E ∈ R^{num_buckets × H} learned. Distances below
+    bias[h, i, j] = E[bucket(p_j − p_i), h],    E ∈ R^{num_buckets × H} learned
+
+Distances below
 max_exact = nb/2 get a bucket each; larger ones share log-spaced buckets up to ``max_distance``:
 bucket = min(nb − 1, max_exact + ⌊ln(n/max_exact) / ln(max_distance/max_exact) · (nb − max_exact)⌋).
 Encoders (bidirectional) split the buckets between keys before and after the query (nb = N/2);

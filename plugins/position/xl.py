@@ -1,9 +1,11 @@
 """Transformer-XL relative positional encoding (Dai, Yang, Yang, Carbonell, Le & Salakhutdinov, 2019),
 without the segment-level memory.
 
-logits_ij = [(q_i + u)·k_j + (q_i + v)·W_R R_{p_i − p_j}] / √D, with R the sinusoid of the
-relative distance (model dim C), W_R ∈ R^{C × H·D} learned and u, v ∈ R^{H × D} learned global
-content and position biases. One W_R serves every layer of the stack (the paper has one per layer).
+    logits_ij = [(q_i + u)·k_j + (q_i + v)·W_R R_{p_i − p_j}] / √D
+
+R is the sinusoid of the relative distance (model dim C), W_R ∈ R^{C × H·D} is learned, and so are
+u, v ∈ R^{H × D}, the global content and position biases. One W_R serves every layer of the stack
+(the paper has one per layer).
 
 How it maps onto the hooks — a deliberate use of ``rotate``: ``rotate`` returns (q + u, k), so the
 score's own q·k term becomes (q + u)·k / √D, and ``bias`` receives that shifted q' = q + u and

@@ -1,5 +1,7 @@
 """Dynamic NTK RoPE scaling (emozilla, 2023; HF ``"dynamic"``).
 
+    b' = b · ((s·T/L) − (s − 1))^(d_r/(d_r − 2)) for T > L, else b;    ω'_k = b'^(−2k/d_r)
+
 The NTK base change, sized to the length actually being processed: with T = max(positions) + 1,
 b' = b · ((s·T/L) − (s − 1))^(d_r/(d_r − 2)) when T > L, else b' = b (at T = L it is b);
 ω'_k = b'^(−2k/d_r), attention factor 1. Up to L the model is exactly the unscaled one.

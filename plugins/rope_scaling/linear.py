@@ -1,5 +1,7 @@
 """Linear RoPE scaling, a.k.a. Position Interpolation (Chen et al., 2023; HF ``"linear"``).
 
+    ω'_k = ω_k / s    (every position p read as p/s)
+
 Positions are squeezed by the factor s so a longer context lands in the trained angle range:
 p ↦ p/s, i.e. ω'_k = ω_k / s for every pair k; attention factor 1. Needs fine-tuning, and it
 compresses the local resolution of the high-frequency pairs.

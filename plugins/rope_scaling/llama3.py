@@ -1,5 +1,7 @@
 """Llama 3.1 RoPE scaling (Meta, 2024; HF ``"llama3"``).
 
+    ω'_k = ω_k (λ_k < λ_hi),    ω_k/s (λ_k > λ_lo),    (1 − σ)·ω_k/s + σ·ω_k (in between)
+
 Wavelength bands of the pre-training context L, with λ_k = 2π/ω_k, λ_lo = L/low_freq_factor and
 λ_hi = L/high_freq_factor: λ_k < λ_hi keeps ω_k; λ_k > λ_lo takes ω_k/s; in between
 σ = (L/λ_k − low_freq_factor)/(high_freq_factor − low_freq_factor),

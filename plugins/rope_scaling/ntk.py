@@ -1,5 +1,7 @@
 """Static NTK-aware RoPE scaling (bloc97, 2023; registered as ``"ntk"`` by some HF forks).
 
+    b' = b · s^(d_r/(d_r − 2)),    ω'_k = b'^(−2k/d_r)
+
 Instead of squeezing every frequency (linear), raise the base so the lowest frequency is slowed by
 exactly s while the highest is untouched: b' = b · s^(d_r/(d_r − 2)), ω'_k = b'^(−2k/d_r).
 Attention factor 1. Example d_r = 128, b = 1e4: s = 2, 4, 8 give b' ≈ 20221, 40890, 82685.

@@ -1,5 +1,7 @@
 """YaRN RoPE scaling (Peng, Quesnelle, Fan, Shippole, 2023; HF ``"yarn"``, ref ``jquesnelle/yarn``).
 
+    ω'_k = (ω_k/s)·ramp_k + ω_k·(1 − ramp_k),    cos and sin × (0.1·ln(s) + 1)
+
 Pairs that turn many times within the trained context L keep their frequency, pairs that turn less
 than once are interpolated (ω/s), and a linear ramp over the pair index blends in between:
 fcd(n) = d_r·ln(L/(2π·n)) / (2·ln b), low = ⌊fcd(β_fast)⌋, high = ⌈fcd(β_slow)⌉,

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention (Vaswani et al., 2017): softmax(q·kᵀ / √D + bias, masked) · v.
+"""Scaled dot-product attention (Vaswani et al., 2017): out = softmax(q·kᵀ / √D + bias, masked) · v.
 
 ``attend`` runs ``torch.nn.functional.scaled_dot_product_attention`` — the fused flash /
 memory-efficient kernels on CUDA, the fused CPU kernel elsewhere — with grouped KV heads handled by
@@ -54,8 +54,8 @@ class ScaledDot(ScoreFunction):
             if mask is not None:
                 attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout if self.training else 0.0, is_causal=causal and attn_mask is None,
-            scale=self.scale, enable_gqa=k.shape[1] != q.shape[1],
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout if self.training else 0.0,
+            is_causal=causal and attn_mask is None, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1],
         )
         if mask is not None:
             # Rows that see no key are zeros on every backend (some kernels return NaN there).

@@ -12,7 +12,7 @@ import torch
 import seqzoo
 from seqzoo.testing import checks_for, run_check
 
-OURS = [("score", "sigmoid"), ("position", "kerple"), ("cell", "mingru")]
+OURS = [("score", "sigmoid"), ("position", "kerple"), ("cell", "mingru"), ("mixer", "causal_conv")]
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 CASES = [(kind, name, check) for kind, name in OURS for check in checks_for(kind, name)]
 
@@ -71,3 +71,22 @@ def test_mingru_step_matches_the_paper_formula():
     out, state = cell.step(x, h)
     torch.testing.assert_close(out, (1 - z) * h + z * candidate)
     assert state is out
+
+
+def test_causal_conv_matches_the_formula_and_decodes_from_its_last_inputs():
+    from seqzoo.attention import self_attention_inputs
+    from seqzoo.cache import KVCache
+
+    mixer = seqzoo.registry().create("mixer", {"kind": "causal_conv", "kernel": 3, "activation": "none"}, 4)
+    none = seqzoo.registry().create("position", "none", 4, 4, 1, 16)
+    x = torch.randn(2, 6, 4)
+    with torch.no_grad():
+        out = mixer(x, self_attention_inputs(none, torch.arange(6)[None], causal=True))
+        # u_t = Σ_i w_i · x_{t−i} + b with weight[c, 0, k − 1 − i] = w_{c,i}; zeros before token 0
+        w, padded = mixer.weight[:, 0], torch.cat([torch.zeros(2, 2, 4), x], dim=1)
+        u = sum(w[:, 2 - i] * padded[:, 2 - i:2 - i + 6] for i in range(3)) + mixer.bias
+        torch.testing.assert_close(out, mixer.out_proj(u))
+        cache = KVCache([mixer.new_state(2, 6)], 2, 6)
+        mixer(x[:, :4], self_attention_inputs(none, torch.arange(4)[None], causal=True, cache=cache),
+              cache.states[0])
+    torch.testing.assert_close(cache.states[0].buffer, x[:, 2:4])  # the state: the last k − 1 inputs

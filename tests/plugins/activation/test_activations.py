@@ -1,4 +1,4 @@
-"""Activation components against torch.nn.functional and the formulas of reference/formulas.md §11."""
+"""Activation components against torch.nn.functional and the formulas of docs/formulas.md §11."""
 from __future__ import annotations
 
 import math

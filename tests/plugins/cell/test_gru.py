@@ -1,5 +1,5 @@
 """The ``gru`` cell against torch.nn.GRUCell step by step, torch.nn.GRU over whole (and packed)
-sequences with the weights copied by name, and the r, z, n formulas of torch's (cuDNN's) form."""
+sequences with the weights copied by name, and the r, z, n formulas of torch's (cuDNN's) form (docs/formulas.md §12)."""
 from __future__ import annotations
 
 import torch

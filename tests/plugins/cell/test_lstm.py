@@ -1,5 +1,5 @@
 """The ``lstm`` cell against torch.nn.LSTMCell step by step, torch.nn.LSTM over whole (and packed)
-sequences with the weights copied by name, and the gate formulas (i, f, g, o) written out."""
+sequences with the weights copied by name, and the gate formulas (i, f, g, o) written out (docs/formulas.md §12)."""
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,5 @@
 """The ``swiglu`` FFN (Shazeer 2020; LLaMA): down(SiLU(gate x) ⊙ up x), HF LLaMA weight roles, and
-LLaMA's hidden-size rule (reference/formulas.md §11)."""
+LLaMA's hidden-size rule (docs/formulas.md §11)."""
 from __future__ import annotations
 
 import pytest

@@ -67,7 +67,8 @@ def test_lm_loss_ignores_padded_steps():
 
 
 def test_classification_head_needs_num_classes():
-    with pytest.raises(seqzoo.RecipeError, match=r"model\.num_classes: head 'last' classifies sequences: set num_classes"):
+    with pytest.raises(seqzoo.RecipeError, match=r"model\.num_classes: head 'last' classifies sequences: set "
+                                                 r"num_classes"):
         build("model.head=last")
 
 

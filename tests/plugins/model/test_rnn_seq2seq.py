@@ -94,7 +94,8 @@ def test_sampling_and_beam_search_decode():
 
 
 def test_unknown_attention_suggests_a_score():
-    with pytest.raises(seqzoo.RecipeError, match=r"model\.attention: unknown score 'addtive'; did you mean 'additive'\?"):
+    with pytest.raises(seqzoo.RecipeError, match=r"model\.attention: unknown score 'addtive'; did you mean "
+                                                 r"'additive'\?"):
         build("addtive")
 
 

@@ -1,4 +1,4 @@
-"""LayerNorm and RMSNorm against torch's own modules and the formulas file."""
+"""LayerNorm and RMSNorm against torch's own modules and docs/formulas.md §10."""
 from __future__ import annotations
 
 import torch

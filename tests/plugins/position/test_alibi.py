@@ -1,4 +1,4 @@
-"""ALiBi: slopes from reference/formulas.md §5, the bias against −m·|i−j| written out, BLOOM's
+"""ALiBi: slopes from docs/formulas.md §5, the bias against −m·|i−j| written out, BLOOM's
 key-only form, and cached decoding in a built model."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from seqzoo.plugins.position.alibi import Alibi, alibi_slopes
 
 NAME = "alibi"
 
-# formulas.md §5 (and the paper repo's get_slopes), written out by hand.
+# docs/formulas.md §5 (and the paper repo's get_slopes), written out by hand.
 EXPECTED_SLOPES = {
     8: [2.0 ** -e for e in (1, 2, 3, 4, 5, 6, 7, 8)],
     6: [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3],
@@ -52,7 +52,7 @@ def test_softmax_equals_bloom_key_only_form_causal():
     logits = torch.randn(1, heads, t, t, dtype=torch.float64)
     pos = torch.arange(t)[None]
     ours = logits + scheme(heads).bias(logits, pos, pos)
-    # BLOOM adds m_h · pos_j, the same for every query row (formulas.md §5).
+    # BLOOM adds m_h · pos_j, the same for every query row (docs/formulas.md §5).
     slopes = torch.tensor(EXPECTED_SLOPES[heads], dtype=torch.float64)
     bloom = logits + slopes[:, None, None] * pos.to(torch.float64)[:, None, :]
     future = torch.ones(t, t, dtype=torch.bool).triu(1)

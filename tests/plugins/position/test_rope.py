@@ -1,4 +1,4 @@
-"""RoPE (plugins/position/rope.py) against explicit per-pair rotations and formulas.md §3, §13."""
+"""RoPE (plugins/position/rope.py) against explicit per-pair rotations and docs/formulas.md §3, §13."""
 from __future__ import annotations
 
 import math
@@ -60,7 +60,7 @@ def test_rotation_at_position_zero_is_identity(interleaved):
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("m,n", [(0, 0), (3, 11), (11, 3), (40, 97), (200, 5)])
 def test_dot_product_depends_only_on_offset(interleaved, m, n):
-    """⟨R_m q, R_n k⟩ = ⟨q, R_{n−m} k⟩ (formulas §3)."""
+    """⟨R_m q, R_n k⟩ = ⟨q, R_{n−m} k⟩ (docs/formulas.md §3)."""
     rope = make_rope(interleaved=interleaved)
     q, k = torch.randn(1, HEADS, 1, HEAD_DIM), torch.randn(1, HEADS, 1, HEAD_DIM)
     q_m, k_n = rope.rotate(q, k, torch.tensor([[m]]), torch.tensor([[n]]))
@@ -70,7 +70,7 @@ def test_dot_product_depends_only_on_offset(interleaved, m, n):
 
 def test_interleaved_equals_rotate_half_after_weight_permutation():
     """Meta (interleaved) q/k weights permuted as HF's converter does give the same logits under
-    rotate-half RoPE (formulas §3: view [H, D/2, 2, in] -> swap axes 1, 2 -> reshape)."""
+    rotate-half RoPE (docs/formulas.md §3: view [H, D/2, 2, in] -> swap axes 1, 2 -> reshape)."""
     b, t, c = 2, 9, HEADS * HEAD_DIM
     x = torch.randn(b, t, c)
     w_q_meta, w_k_meta = torch.randn(HEADS * HEAD_DIM, c), torch.randn(HEADS * HEAD_DIM, c)
@@ -156,7 +156,7 @@ def test_odd_rotary_dim_in_recipe_is_a_recipe_error():
         seqzoo.build("tiny-gpt", ["model.position={kind: rope, rotary_dim: 7}"], device="cpu")
 
 
-# --- every scaling through a real model: cached decoding equals the full forward (formulas §13) ---
+# --- every scaling through a real model: cached decoding equals the full forward (docs/formulas.md §13) ---
 
 # Keyed by registry name, so a new rope_scaling plugin must be added here (see the coverage test).
 # T stays <= L = 64 so dynamic NTK is consistent with the cache (beyond L: test_dynamic.py).

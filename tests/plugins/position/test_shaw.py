@@ -1,5 +1,5 @@
 """Shaw relative key embeddings: the bias against q_i·w_{clip(j−i, k)}/√D written out for every
-pair (reference/formulas.md §7), gradients, per-row positions and cached decoding in a built model."""
+pair (docs/formulas.md §7.1), gradients, per-row positions and cached decoding in a built model."""
 from __future__ import annotations
 
 import math

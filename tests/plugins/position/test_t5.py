@@ -1,4 +1,4 @@
-"""T5 relative bias: the bucket tables of reference/formulas.md §6 in both directions, the bias as
+"""T5 relative bias: the bucket tables of docs/formulas.md §6 in both directions, the bias as
 a table lookup, gradients, config errors and cached decoding in a built model."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def buckets_of(distances: list[int], bidirectional: bool) -> list[int]:
 
 
 def reference_bucket(r: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> int:
-    """formulas.md §6 step by step, in plain Python floats."""
+    """docs/formulas.md §6 step by step, in plain Python floats."""
     if bidirectional:
         nb, offset, n = num_buckets // 2, (num_buckets // 2 if r > 0 else 0), abs(r)
     else:
@@ -36,7 +36,7 @@ def reference_bucket(r: int, bidirectional: bool, num_buckets: int = 32, max_dis
     return offset + min(nb - 1, max_exact + log_part)
 
 
-# §6 tables: bucket -> inclusive range of n = |j − i| (None = unbounded).
+# docs/formulas.md §6 tables: bucket -> inclusive range of n = |j − i| (None = unbounded).
 BIDIRECTIONAL_RANGES = {8: (8, 11), 9: (12, 15), 10: (16, 22), 11: (23, 31), 12: (32, 45),
                         13: (46, 63), 14: (64, 90), 15: (91, None)}
 CAUSAL_RANGES = {16: (16, 18), 17: (19, 20), 18: (21, 23), 30: (99, 112), 31: (113, None)}

@@ -23,7 +23,7 @@ def scheme(heads: int = 4, head_dim: int = 8, dim: int = 32) -> TransformerXLRel
 
 
 def sinusoid(p: int, dim: int) -> torch.Tensor:
-    """Vaswani et al. (2017), paper layout (formulas.md §1): sin on even dims, cos on odd ones."""
+    """Vaswani et al. (2017), paper layout (docs/formulas.md §1): sin on even dims, cos on odd ones."""
     out = torch.empty(dim, dtype=torch.float64)
     for c in range(dim):
         angle = p / 10000 ** ((c - c % 2) / dim)

@@ -1,4 +1,4 @@
-"""Dynamic NTK scaling (formulas.md §4.3): identity up to L, base sized to T = max(pos) + 1 beyond."""
+"""Dynamic NTK scaling (docs/formulas.md §4.3): identity up to L, base sized to T = max(pos) + 1 beyond."""
 from __future__ import annotations
 
 import pytest

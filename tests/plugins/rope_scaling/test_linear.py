@@ -1,4 +1,4 @@
-"""Linear scaling / position interpolation (formulas.md §4.1): ω' = ω/s, attention factor 1."""
+"""Linear scaling / position interpolation (docs/formulas.md §4.1): ω' = ω/s, attention factor 1."""
 from __future__ import annotations
 
 import pytest

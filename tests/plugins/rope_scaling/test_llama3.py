@@ -1,4 +1,4 @@
-"""Llama 3.1 scaling (formulas.md §4.5): keep short wavelengths, divide long ones, blend between."""
+"""Llama 3.1 scaling (docs/formulas.md §4.5): keep short wavelengths, divide long ones, blend between."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ def llama3(**params):
 
 
 def reference(rotary_dim: int, base: float, factor: float, low: float, high: float, original: int):
-    """§4.5 in float64, pair by pair; returns (ω', band) with band 'keep', 'blend' or 'divide'."""
+    """docs/formulas.md §4.5 in float64, pair by pair; returns (ω', band) with band 'keep', 'blend' or 'divide'."""
     out, bands = [], []
     for k in range(rotary_dim // 2):
         w = base ** (-2.0 * k / rotary_dim)

@@ -1,4 +1,4 @@
-"""Static NTK-aware scaling (formulas.md §4.2): b' = b·s^(d_r/(d_r−2)), ω' recomputed from b'."""
+"""Static NTK-aware scaling (docs/formulas.md §4.2): b' = b·s^(d_r/(d_r−2)), ω' recomputed from b'."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +19,7 @@ def ntk_frequencies(factor: float, rotary_dim: int = 128, base: float = 1e4):
                                max_seq_len=4096, positions=torch.arange(4)[None])
 
 
-# Worked example of formulas.md §4.2 (d_r = 128, b = 1e4), b' to five significant digits.
+# Worked example of docs/formulas.md §4.2 (d_r = 128, b = 1e4), b' to five significant digits.
 @pytest.mark.parametrize("factor,new_base", [(2, 20221), (4, 40890), (8, 82685)])
 def test_base_matches_worked_example(factor, new_base):
     scaled, attention_factor = ntk_frequencies(factor)

@@ -1,4 +1,4 @@
-"""YaRN (formulas.md §4.4): correction range, ramp over pair index, blend, attention factor."""
+"""YaRN (docs/formulas.md §4.4): correction range, ramp over pair index, blend, attention factor."""
 from __future__ import annotations
 
 import math
@@ -81,7 +81,7 @@ def test_high_is_clamped_to_rotary_dim_minus_one():
     assert high == 15 and low == math.floor(fcd(32, 16, 100.0, 10**6))
 
 
-# mscale = 0.1·ln(s) + 1, worked values of formulas.md §4.4 (4 decimals).
+# mscale = 0.1·ln(s) + 1, worked values of docs/formulas.md §4.4 (4 decimals).
 @pytest.mark.parametrize("factor,mscale", [(2, 1.0693), (4, 1.1386), (8, 1.2079), (16, 1.2773),
                                            (32, 1.3466), (40, 1.3689)])
 def test_default_attention_factor_matches_worked_values(factor, mscale):

@@ -5,12 +5,15 @@ and the registry calls the hook below once per process. Components:
 
 - score ``sigmoid``: σ(q·k/√D + b) @ v, no softmax (Ramapuram et al., 2024);
 - position ``kerple``: per-head learned log-distance bias −r1·ln(1 + r2·|i − j|) (Chi et al., 2022);
-- cell ``mingru``: the minimal GRU, whose gate ignores the state (Feng et al., 2024).
+- cell ``mingru``: the minimal GRU, whose gate ignores the state (Feng et al., 2024);
+- mixer ``causal_conv``: a causal depthwise convolution over the last k tokens, the short
+  convolution of H3, Hyena and Mamba, as a layer's token mixer.
 """
 from __future__ import annotations
 
 import seqzoo
 
+from .causal_conv import CausalConv
 from .kerple import KerpleLog
 from .mingru import MinGRU
 from .sigmoid import SigmoidAttention
@@ -27,4 +30,6 @@ def seqzoo_components() -> list[seqzoo.Component]:
                          summary="learned per-head bias −r1·ln(1 + r2·|i−j|) (KERPLE-log, Chi 2022)"),
         seqzoo.Component("cell", "mingru", MinGRU,
                          summary="minimal GRU: z = σ(W_z x), h' = (1 − z)·h + z·W_h x (Feng 2024)"),
+        seqzoo.Component("mixer", "causal_conv", CausalConv, aliases=("short_conv",),
+                         summary="causal depthwise conv y_t = Σ_i w_i·x_{t−i} per channel (H3/Hyena/Mamba)"),
     ]

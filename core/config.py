@@ -1,0 +1,65 @@
+"""The schemas of a recipe's ``runtime:`` and ``train:`` sections, as frozen dataclasses.
+
+They sit here, beside nothing but the schema types, because two layers read them: the recipe parser
+validates the sections against them (``seqzoo.recipe``) and the trainer runs with them
+(``seqzoo.training``). Neither has to import the other for it. ``seqzoo.training.TrainConfig`` and
+``seqzoo.recipe.RuntimeConfig`` stay importable under those names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Spec, UnitInterval
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where and how a built model runs.
+
+    device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``meta``.
+    dtype: parameter dtype. compile: wrap the model in ``torch.compile``.
+    """
+
+    device: str = "auto"
+    dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The ``train:`` section of a recipe.
+
+    task: a ``task`` component (copy). steps: optimizer steps (1000). batch_size: examples per step
+    and process (32). lr: peak learning rate (3e-4). warmup: linear warm-up steps (100).
+    schedule: cosine | linear | constant after warm-up (cosine). min_lr_ratio: where the decay
+    ends, as a fraction of lr (0.1). weight_decay: AdamW decay of weight matrices (0.01; vectors —
+    norms and biases — are not decayed). beta1, beta2: AdamW betas (0.9, 0.95). grad_clip: clip
+    the global gradient norm to this (1.0; null = off). eval_every: evaluate every N steps (0 =
+    at the end only). eval_examples: held-out examples per evaluation (256). log_every: a history
+    entry every N steps (10). save_every: write the checkpoint every N steps (0 = at the end).
+    seed: data, initialisation and dropout seed (0). precision: auto (bfloat16 autocast on CUDA,
+    float32 on the CPU) | float32 | bfloat16. parallel: ddp | fsdp under torchrun (ddp).
+    init: a seqzoo checkpoint whose weights and tokenizer the run starts from (fine-tuning; the
+    recipe's model must have the same tensors), or null for a fresh initialisation.
+    """
+
+    task: Spec["task"] = "copy"
+    steps: PositiveInt = 1000
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 3e-4
+    warmup: NonNegativeInt = 100
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: UnitInterval = 0.1
+    weight_decay: NonNegativeFloat = 0.01
+    beta1: UnitInterval = 0.9
+    beta2: UnitInterval = 0.95
+    grad_clip: PositiveFloat | None = 1.0
+    eval_every: NonNegativeInt = 0
+    eval_examples: PositiveInt = 256
+    log_every: PositiveInt = 10
+    save_every: NonNegativeInt = 0
+    seed: NonNegativeInt = 0
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    init: str | None = None
