@@ -266,7 +266,7 @@ def bench_generation(table: Table, s: Shapes, quick: bool) -> None:
                                              pad_token_id=0, attention_mask=torch.ones_like(ids))  # noqa: B023
 
             def our_run(compile: bool = not quick) -> Tensor:
-                return seqzoo.generate(ours, ids, s.new_tokens, compile=compile)  # noqa: B023
+                return seqzoo.generate(ours, ids, s.new_tokens, eos_id=None, compile=compile)  # noqa: B023
 
             start = time.perf_counter()
             first = our_run()  # compiles (once per model structure and batch size)
