@@ -10,16 +10,25 @@
 Plugins are imported when the registry is first used, not by ``import seqzoo``: built-ins, then
 installed third-party plugins (entry-point group ``seqzoo``), then the local ones the user names
 (``SEQZOO_PLUGINS``, ``seqzoo --plugin``, ``seqzoo.load_plugin("my_plugin.py")``).
+
+The package is layered, each layer importing only those below it (``lint-imports`` checks it):
+``cli`` (commands) > ``lab`` (plots, experiments) > ``train`` (training, the conformance kit) >
+``io`` (build, checkpoints, Hugging Face) > ``recipe`` > ``nn`` (attention, mixers, blocks, the
+decode cache, generation) > ``registry`` > the contracts (``interfaces``, ``config``, ``schema``,
+``hookspecs``, ``files``, ``errors``).
 """
 from __future__ import annotations
 
-from .build import build
-from .checkpoint import load, save
+from . import moved
 from .errors import CheckpointError, ConfigError, InputError, RecipeError, RegistryError, SeqzooError
-from .generation import generate
-from .hf import from_hf, to_hf
 from .hookspecs import hookimpl
+from .io.build import build
+from .io.checkpoint import load, save
+from .io.hf import from_hf, to_hf
+from .nn.generation import generate
 from .registry import Component, Plugin, Registry, load_plugin, registry, tokenizer
+
+moved.install()  # the first layout's module paths (seqzoo.attention, ...) still import
 
 __version__ = "0.1.0"
 

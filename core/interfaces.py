@@ -231,7 +231,7 @@ class MixerContext:
     of the new tokens and of every key; ``mask`` boolean (B|1, 1, T, S), True where a query may
     attend, or None with ``causal`` telling the kernel to apply a plain top-left causal mask;
     ``padding`` (B, T) 1 for the real tokens among the new ones, or None when all are real;
-    ``cache`` the model-level decode cache (``seqzoo.cache.KVCache``) whose ``states[layer]`` the
+    ``cache`` the model-level decode cache (``seqzoo.nn.cache.KVCache``) whose ``states[layer]`` the
     block hands each mixer, or None; ``static``: one token per row at the cache's static slot
     (``generate(compile=True)``). ``prepared`` is ``position.prepare(q_pos, k_pos)`` as keyword
     arguments for the position hooks ({} when the scheme prepares nothing).

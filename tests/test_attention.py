@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.attention import self_attention_inputs
 from seqzoo.interfaces import expand_kv, masked_softmax_attend
+from seqzoo.nn.attention import self_attention_inputs
 
 
 def scaled_dot(d: int = 8, heads: int = 4):
@@ -74,7 +74,7 @@ def test_sliding_window_mask_counts_window_keys_per_row():
 
 def test_mask_with_cache_is_bottom_right_aligned():
     position = seqzoo.registry().create("position", "none", 8, 2, 4, 32)
-    cache = seqzoo.cache.KVCache([], 1, 16)
+    cache = seqzoo.nn.cache.KVCache([], 1, 16)
     cache.length = 5
     inputs = self_attention_inputs(position, torch.arange(5, 8)[None], causal=True, cache=cache)
     assert inputs.mask[0, 0].sum(-1).tolist() == [6, 7, 8]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import seqzoo
-from seqzoo.attention import MultiHeadAttention, self_attention_inputs
 from seqzoo.interfaces import masked_softmax_attend
+from seqzoo.nn.attention import MultiHeadAttention, self_attention_inputs
 
 
 def test_worked_example_identity_projections_no_scaling():

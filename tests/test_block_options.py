@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import seqzoo
-import seqzoo.blocks as blocks_module
-from seqzoo.attention import self_attention_inputs
-from seqzoo.blocks import TransformerBlock, TransformerStack
+import seqzoo.nn.blocks as blocks_module
 from seqzoo.interfaces import Mixer, PositionScheme, masked_softmax_attend
+from seqzoo.nn.attention import self_attention_inputs
+from seqzoo.nn.blocks import TransformerBlock, TransformerStack
 from seqzoo.plugins.norm.gemma_rmsnorm import GemmaRMSNorm
 
 

@@ -6,8 +6,8 @@ import math
 import torch
 
 import seqzoo
-from seqzoo.attention import self_attention_inputs
-from seqzoo.testing import _kv_cache_equivalence
+from seqzoo.nn.attention import self_attention_inputs
+from seqzoo.train.testing import _kv_cache_equivalence
 
 
 def test_qk_norm_normalises_each_head_before_the_position_hook():

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import seqzoo
-from seqzoo.catalog import COMMAND, builtin, catalog, lead
 from seqzoo.cli import main
+from seqzoo.cli.catalog import COMMAND, builtin, catalog, lead
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS_MD = ROOT / "docs" / "components.md"

@@ -33,7 +33,7 @@ def test_static_decode_step_compiles_whole_and_once(recipe, overrides):
     """The static decode step: one graph (fullgraph), traced once for all later steps."""
     from torch._dynamo.utils import counters
 
-    from seqzoo.generation import CausalSession, _decode_step
+    from seqzoo.nn.generation import CausalSession, _decode_step
 
     model = seqzoo.build(recipe, overrides, device="cpu").eval()
     torch._dynamo.reset()

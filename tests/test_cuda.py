@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.generation import CausalSession
+from seqzoo.nn.generation import CausalSession
 from seqzoo.recipe import resolve, shipped_recipes
 
 pytestmark = pytest.mark.cuda

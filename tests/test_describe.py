@@ -17,7 +17,7 @@ import pytest
 import seqzoo
 from seqzoo import testing
 from seqzoo.cli import main
-from seqzoo.describe import describe, format_hint
+from seqzoo.cli.describe import describe, format_hint
 from seqzoo.schema import Probability, Size, Spec
 
 registry_module = importlib.import_module("seqzoo.registry")  # seqzoo.registry is the function

@@ -9,7 +9,7 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.experiments import EXPERIMENTS, ExperimentResult, _scores, gradient_by_distance
+from seqzoo.lab.experiments import EXPERIMENTS, ExperimentResult, _scores, gradient_by_distance
 
 pytest.importorskip("matplotlib")
 

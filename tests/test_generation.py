@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.generation import choose
+from seqzoo.nn.generation import choose
 
 
 @pytest.mark.parametrize("overrides", [[], ["model.position=rope"], ["model.attention.kv_heads=1"],

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import seqzoo
-from seqzoo.hf import HFConverter, copy
+from seqzoo.io.hf import HFConverter, copy
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -178,7 +178,7 @@ def test_export_of_a_recipe_built_model_picks_its_family(tmp_path):
 
 
 def test_export_when_several_families_fit_asks_for_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(seqzoo.hf, "supported", lambda: ["gpt2", "gpt2"])
+    monkeypatch.setattr(seqzoo.io.hf, "supported", lambda: ["gpt2", "gpt2"])
     with pytest.raises(seqzoo.CheckpointError,
                        match=r"several Hugging Face families fit this model \(gpt2, gpt2\)"):
         seqzoo.to_hf(seqzoo.build("tiny-gpt", device="cpu"), tmp_path / "out")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.checkpoint import read_metadata
 from seqzoo.cli import main
+from seqzoo.io.checkpoint import read_metadata
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")

@@ -10,9 +10,9 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.layers import describe_layout, layer_plan, merge
+from seqzoo.nn.layers import describe_layout, layer_plan, merge
 from seqzoo.recipe import resolve
-from seqzoo.training import TrainConfig, train
+from seqzoo.train.training import TrainConfig, train
 
 FAMILIES = ["tiny-gemma2", "tiny-gemma3", "tiny-smollm3", "tiny-neox", "tiny-olmo2", "tiny-sinks", "tiny-gru-mixer"]
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import seqzoo
-from seqzoo.losses import linear_cross_entropy
+from seqzoo.nn.losses import linear_cross_entropy
 
 
 def _reference(hidden, weight, targets, bias=None):

@@ -13,7 +13,7 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.plots import (
+from seqzoo.lab.plots import (
     PlotError,
     absolute_table,
     attention_panels,
@@ -110,8 +110,8 @@ def test_missing_matplotlib_is_one_line_naming_the_extra(metrics_file, tmp_path,
 
 
 def test_import_seqzoo_does_not_import_matplotlib():
-    code = ("import sys, seqzoo, seqzoo.plots, seqzoo.experiments, seqzoo.cli_plots, seqzoo.cli; "
-            "seqzoo.cli._parser(); assert 'matplotlib' not in sys.modules, 'imported'")
+    code = ("import sys, seqzoo, seqzoo.lab.plots, seqzoo.lab.experiments, seqzoo.cli.plots, seqzoo.cli.commands; "
+            "seqzoo.cli.commands._parser(); assert 'matplotlib' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -279,7 +279,7 @@ def test_positions_writes_one_row_per_stack(tmp_path, recipe, rows):
 
 
 def test_positions_of_a_checkpoint_show_the_trained_table(tmp_path):
-    from seqzoo.plots import position_schemes
+    from seqzoo.lab.plots import position_schemes
 
     model = seqzoo.build("tiny-gpt", ["model.max_seq_len=32"], device="cpu")
     path = str(tmp_path / "m.safetensors")
@@ -323,7 +323,7 @@ def test_a_score_that_is_not_a_softmax_cannot_be_recorded(tiny_gpt):
 
 
 def test_plotting_no_attention_panels_is_an_error(tmp_path):
-    from seqzoo.plots import plot_attention
+    from seqzoo.lab.plots import plot_attention
 
     with pytest.raises(PlotError, match="no attention weights were recorded"):
         plot_attention([], tmp_path / "a.png")

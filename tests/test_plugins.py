@@ -23,8 +23,8 @@ import torch
 
 import seqzoo
 from seqzoo import testing
-from seqzoo.checkpoint import ProvenanceWarning
 from seqzoo.cli import main
+from seqzoo.io.checkpoint import ProvenanceWarning
 from seqzoo.recipe import _parse_requirement_fallback, parse_requirement, resolve
 
 registry_module = importlib.import_module("seqzoo.registry")  # the attribute seqzoo.registry is the function
@@ -531,7 +531,7 @@ def test_checkpoint_records_origins_and_load_is_quiet_when_they_match(site, fres
     site(GOOD, dist="seqzoo-acme", version="1.2.0", entry="acme")
     fresh()
     path = seqzoo.save(seqzoo.build(with_score("manhattan"), device="cpu"), tmp_path / "m.safetensors")
-    saved = json.loads(seqzoo.checkpoint.read_metadata(path)["seqzoo.components"])
+    saved = json.loads(seqzoo.io.checkpoint.read_metadata(path)["seqzoo.components"])
     assert saved["model.attention.score"] == {"kind": "score", "name": "manhattan", "plugin": "acme",
                                               "distribution": "seqzoo-acme", "version": "1.2.0"}
     assert saved["model.norm"]["distribution"] == "seqzoo"

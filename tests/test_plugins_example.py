@@ -60,7 +60,7 @@ def test_example_plugin_can_be_disabled(target, tmp_path, value):
 
 BUILD_SAVE_LOAD = textwrap.dedent("""
     import json, sys, torch, seqzoo
-    from seqzoo.checkpoint import read_metadata
+    from seqzoo.io.checkpoint import read_metadata
 
     recipe, out = sys.argv[1], sys.argv[2]
     torch.manual_seed(0)

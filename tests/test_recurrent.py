@@ -11,10 +11,10 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 import seqzoo
 from seqzoo.errors import ConfigError, InputError
 from seqzoo.interfaces import RecurrentCell
-from seqzoo.layers import cell_factory
+from seqzoo.nn.layers import cell_factory
+from seqzoo.nn.recurrent import RecurrentStack
 from seqzoo.plugins.cell.gru import GRU
-from seqzoo.recurrent import RecurrentStack
-from seqzoo.testing import check_component
+from seqzoo.train.testing import check_component
 
 B, T, I, H = 3, 7, 4, 5
 TORCH = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}

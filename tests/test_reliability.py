@@ -292,7 +292,7 @@ def test_sigint_during_training_writes_a_resumable_checkpoint_and_exits_130(tmp_
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-500:]
     assert "interrupted after step" in err and "--resume" in err
-    from seqzoo.checkpoint import read_extras
+    from seqzoo.io.checkpoint import read_extras
 
     meta, extras = read_extras(ckpt)
     step = json.loads(meta["seqzoo.train"])["step"]
@@ -315,7 +315,7 @@ def test_half_precision_stays_finite_at_8k_positions(position, dtype):
 
 
 def test_same_seed_trains_to_the_same_losses():
-    from seqzoo.training import TrainConfig, train
+    from seqzoo.train.training import TrainConfig, train
 
     config = TrainConfig(task={"kind": "copy"}, steps=15, batch_size=8, eval_examples=4, log_every=1,
                          warmup=2)

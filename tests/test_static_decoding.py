@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 import seqzoo
 from seqzoo.errors import InputError
-from seqzoo.generation import CausalSession
-from seqzoo.linear import FEW_ROWS, Linear, few_rows_linear
+from seqzoo.nn.generation import CausalSession
+from seqzoo.nn.linear import FEW_ROWS, Linear, few_rows_linear
 
 DECODERS = [
     ("tiny-gpt", []),  # learned positions, MHA
@@ -134,7 +134,7 @@ def test_few_rows_linear_equals_linear(rows, bias):
 def test_linear_keeps_autograd_big_inputs_and_other_dtypes_on_f_linear(monkeypatch):
     layer = Linear(16, 8)
     calls = []
-    monkeypatch.setattr("seqzoo.linear.few_rows_linear", lambda *a: calls.append(a) or F.linear(*a))
+    monkeypatch.setattr("seqzoo.nn.linear.few_rows_linear", lambda *a: calls.append(a) or F.linear(*a))
     x = torch.randn(2, 16, requires_grad=True)
     layer(x).sum().backward()  # gradients recorded: F.linear
     assert x.grad is not None and not calls

@@ -15,7 +15,7 @@ import torch
 import seqzoo
 from seqzoo.cli import main
 from seqzoo.recipe import resolve
-from seqzoo.training import IGNORE, Examples, TrainConfig, TrainingError, lr_factor, train
+from seqzoo.train.training import IGNORE, Examples, TrainConfig, TrainingError, lr_factor, train
 
 
 def config(**overrides) -> TrainConfig:
@@ -182,7 +182,7 @@ def test_train_refuses_an_output_folder_that_does_not_exist(tmp_path, capsys):
 
 
 def test_a_failed_save_at_the_end_rescues_the_finished_run(tmp_path, monkeypatch):
-    import seqzoo.training as training_module
+    import seqzoo.train.training as training_module
 
     model = seqzoo.build("tiny-gpt", device="cpu")
     target = tmp_path / "gone" / "m.safetensors"

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.hf import HFConverter, Rule, copy, decoder_problem, first_problem, kind_of, linear, norm, special_ids
+from seqzoo.io.hf import HFConverter, Rule, copy, decoder_problem, first_problem, kind_of, linear, norm, special_ids
 
 DEFAULTS = {"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8,
             "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "hidden_dropout": 0.0,

@@ -13,7 +13,7 @@ from torch import nn
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.hf import (
+from seqzoo.io.hf import (
     HFConverter,
     Rule,
     copy,

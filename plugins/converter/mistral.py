@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 import seqzoo
-from seqzoo.hf import first_problem
+from seqzoo.io.hf import first_problem
 
 from .llama import LlamaConverter
 

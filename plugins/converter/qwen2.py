@@ -11,7 +11,7 @@ from torch import nn
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.hf import first_problem
+from seqzoo.io.hf import first_problem
 
 from .llama import LlamaConverter
 

@@ -15,7 +15,7 @@ from collections.abc import Collection
 from torch import nn
 
 import seqzoo
-from seqzoo.hf import (
+from seqzoo.io.hf import (
     HFConverter,
     Rule,
     copy,

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 import seqzoo
 from seqzoo.interfaces import FeedForward
-from seqzoo.linear import Linear
+from seqzoo.nn.linear import Linear
 from seqzoo.schema import Spec
 
 

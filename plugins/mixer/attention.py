@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Literal
 
 import seqzoo
-from seqzoo.attention import AttentionConfig, MultiHeadAttention
-from seqzoo.layers import attention_parts
+from seqzoo.nn.attention import AttentionConfig, MultiHeadAttention
+from seqzoo.nn.layers import attention_parts
 from seqzoo.schema import Depth, PositiveFloat, PositiveInt, Probability, Size, Spec
 
 

@@ -14,8 +14,8 @@ from torch import Tensor
 
 import seqzoo
 from seqzoo.interfaces import Mixer, MixerContext, MixerState, RecurrentCell
-from seqzoo.layers import make
-from seqzoo.linear import Linear
+from seqzoo.nn.layers import make
+from seqzoo.nn.linear import Linear
 from seqzoo.schema import Size, Spec
 
 

@@ -8,16 +8,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.attention import AttentionConfig, check_attention
-from seqzoo.blocks import Placement, Residual
-from seqzoo.cache import KVCache
 from seqzoo.errors import InputError
-from seqzoo.generation import CausalSession
-from seqzoo.init import init_weights
 from seqzoo.interfaces import LanguageModel, softcap
-from seqzoo.layers import build_stack, check_layers
-from seqzoo.linear import Linear
-from seqzoo.losses import linear_cross_entropy
+from seqzoo.nn.attention import AttentionConfig, check_attention
+from seqzoo.nn.blocks import Placement, Residual
+from seqzoo.nn.cache import KVCache
+from seqzoo.nn.generation import CausalSession
+from seqzoo.nn.init import init_weights
+from seqzoo.nn.layers import build_stack, check_layers
+from seqzoo.nn.linear import Linear
+from seqzoo.nn.losses import linear_cross_entropy
 from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec, Validator
 
 
@@ -31,7 +31,7 @@ class DecoderLM(LanguageModel):
     mixer (null = attention, configured by ``attention``; e.g. {kind: recurrent, cell: gru}).
     residual: sequential | parallel | parallel_shared (GPT-NeoX, GPT-J). final_softcap: cap the
     logits at c·tanh(z/c) (Gemma 2; null). layer_types, pattern, layer_overrides: per-layer parts
-    (see ``seqzoo.layers``)."""
+    (see ``seqzoo.nn.layers``)."""
 
     prompt_padding = "left"
     fused_loss = True

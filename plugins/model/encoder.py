@@ -7,10 +7,10 @@ import torch
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.attention import AttentionConfig, check_attention
-from seqzoo.blocks import Placement, Residual
-from seqzoo.init import init_weights
-from seqzoo.layers import build_stack, check_layers
+from seqzoo.nn.attention import AttentionConfig, check_attention
+from seqzoo.nn.blocks import Placement, Residual
+from seqzoo.nn.init import init_weights
+from seqzoo.nn.layers import build_stack, check_layers
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec, Validator
 
 

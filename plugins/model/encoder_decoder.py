@@ -9,14 +9,14 @@ import torch
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.attention import AttentionConfig, check_attention
-from seqzoo.blocks import Placement
-from seqzoo.cache import KVCache
-from seqzoo.init import init_weights
 from seqzoo.interfaces import LanguageModel
-from seqzoo.layers import build_stack
-from seqzoo.linear import Linear
-from seqzoo.losses import linear_cross_entropy
+from seqzoo.nn.attention import AttentionConfig, check_attention
+from seqzoo.nn.blocks import Placement
+from seqzoo.nn.cache import KVCache
+from seqzoo.nn.init import init_weights
+from seqzoo.nn.layers import build_stack
+from seqzoo.nn.linear import Linear
+from seqzoo.nn.losses import linear_cross_entropy
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec, Validator
 
 

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.init import init_weights
 from seqzoo.interfaces import LanguageModel
-from seqzoo.layers import cell_factory
-from seqzoo.linear import Linear
-from seqzoo.recurrent import RecurrentStack
+from seqzoo.nn.init import init_weights
+from seqzoo.nn.layers import cell_factory
+from seqzoo.nn.linear import Linear
+from seqzoo.nn.recurrent import RecurrentStack
 from seqzoo.schema import Depth, PositiveFloat, Probability, SchemaError, Size, Spec
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.testing import checks_for, run_check
+from seqzoo.train.testing import checks_for, run_check
 
 OURS = [("score", "sigmoid"), ("position", "kerple"), ("cell", "mingru"), ("mixer", "causal_conv")]
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -74,8 +74,8 @@ def test_mingru_step_matches_the_paper_formula():
 
 
 def test_causal_conv_matches_the_formula_and_decodes_from_its_last_inputs():
-    from seqzoo.attention import self_attention_inputs
-    from seqzoo.cache import KVCache
+    from seqzoo.nn.attention import self_attention_inputs
+    from seqzoo.nn.cache import KVCache
 
     mixer = seqzoo.registry().create("mixer", {"kind": "causal_conv", "kernel": 3, "activation": "none"}, 4)
     none = seqzoo.registry().create("position", "none", 4, 4, 1, 16)

@@ -46,7 +46,7 @@ def test_token_types_change_the_output(bert):
 
 def test_post_norm_block_matches_bert_layer_formula(bert):
     """h = LN(x + Attn(x)); out = LN(h + FFN(h)) — written out with the block's own modules."""
-    from seqzoo.attention import self_attention_inputs
+    from seqzoo.nn.attention import self_attention_inputs
 
     block = bert.encoder.blocks[0]
     x = torch.randn(2, 5, 64)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.interfaces import Mixer, MixerContext, MixerState
-from seqzoo.linear import Linear
+from seqzoo.nn.linear import Linear
 from seqzoo.schema import PositiveInt
 
 

@@ -16,9 +16,9 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-from .interfaces import CORE_ARGS
-from .registry import Component, own_doc
-from .schema import Range, SpecKind, plain
+from ..interfaces import CORE_ARGS
+from ..registry import Component, own_doc
+from ..schema import Range, SpecKind, plain
 
 _INDENT = "  "
 

@@ -21,11 +21,11 @@ from safetensors.torch import save as serialize
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ..errors import CheckpointError, RecipeError, RegistryError, SeqzooError, few, first_line
+from ..files import FolderNotWritable, atomic_write
+from ..recipe import parse_requirement, resolve
+from ..registry import canonical_name, installed_version, registry, tokenizer
 from .build import instantiate, pick_device
-from .errors import CheckpointError, RecipeError, RegistryError, SeqzooError, few, first_line
-from .files import FolderNotWritable, atomic_write
-from .recipe import parse_requirement, resolve
-from .registry import canonical_name, installed_version, registry, tokenizer
 
 FORMAT = "1"
 

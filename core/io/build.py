@@ -6,11 +6,11 @@ import os
 import torch
 from torch import nn
 
-from .errors import ConfigError, SeqzooError
-from .interfaces import LanguageModel
-from .recipe import Resolved, resolve
-from .registry import registry
-from .schema import call_with, dotted
+from ..errors import ConfigError, SeqzooError
+from ..interfaces import LanguageModel
+from ..recipe import Resolved, resolve
+from ..registry import registry
+from ..schema import call_with, dotted
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}

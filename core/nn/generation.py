@@ -14,10 +14,10 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError, SeqzooError
+from ..interfaces import LanguageModel
+from ..registry import tokenizer
 from .blocks import check_position_limit
-from .errors import InputError, SeqzooError
-from .interfaces import LanguageModel
-from .registry import tokenizer
 
 
 class CausalSession:

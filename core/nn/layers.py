@@ -28,12 +28,12 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import closest
+from ..interfaces import CORE_ARGS, PositionScheme
+from ..registry import registry
+from ..schema import SchemaError, Validator, instantiate
 from .attention import AttentionConfig, MultiHeadAttention, check_attention
 from .blocks import Placement, Residual, TransformerBlock, TransformerStack
-from .errors import closest
-from .interfaces import CORE_ARGS, PositionScheme
-from .registry import registry
-from .schema import SchemaError, Validator, instantiate
 
 ATTENTION = {"kind": "attention"}  # the mixer of a layer whose mixer is null: the attention: section
 

@@ -15,10 +15,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction, expand_kv, masked_softmax_attend, softcap
+from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
 from .cache import KVCache, KVSlice
-from .interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction, expand_kv, masked_softmax_attend, softcap
 from .linear import Linear
-from .schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Residual layers and the stack that runs them. Every part is built by the caller and handed in
-(see ``seqzoo.layers.build_stack``), so a block can be tested with plain ``nn.Module`` parts.
+(see ``seqzoo.nn.layers.build_stack``), so a block can be tested with plain ``nn.Module`` parts.
 
 A layer is a token mixer (attention, a recurrent cell, ...) and a feed-forward block, each wrapped
 in its norms and residual connection. Norm placements (F a sublayer, n a norm):
@@ -20,10 +20,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigError, InputError
+from ..interfaces import Mixer, MixerContext, MixerState, PositionScheme
 from .attention import MultiHeadAttention, self_attention_inputs, static_attention_inputs
 from .cache import KVCache
-from .errors import ConfigError, InputError
-from .interfaces import Mixer, MixerContext, MixerState, PositionScheme
 
 Placement = Literal["pre", "post", "sandwich", "output"]
 Residual = Literal["sequential", "parallel", "parallel_shared"]

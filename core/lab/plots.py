@@ -26,15 +26,15 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .attention import MultiHeadAttention
-from .build import instantiate
-from .checkpoint import load
-from .errors import InputError, SeqzooError
-from .files import atomic_write
-from .generation import generate
-from .interfaces import PositionScheme, expand_kv, masked_softmax_attend
-from .recipe import resolve
-from .registry import registry
+from ..errors import InputError, SeqzooError
+from ..files import atomic_write
+from ..interfaces import PositionScheme, expand_kv, masked_softmax_attend
+from ..io.build import instantiate
+from ..io.checkpoint import load
+from ..nn.attention import MultiHeadAttention
+from ..nn.generation import generate
+from ..recipe import resolve
+from ..registry import registry
 
 INSTALL_HINT = "pip install 'seqzoo[plot]'"
 

@@ -30,10 +30,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..errors import InputError, RegistryError, unknown_name
+from ..files import write_text_atomic
+from ..registry import Component, Registry, canonical_name, own_doc, registry
 from .describe import Row, parameter_rows
-from .errors import InputError, RegistryError, unknown_name
-from .files import write_text_atomic
-from .registry import Component, Registry, canonical_name, own_doc, registry
 
 #: How docs/components.md is made; the staleness test quotes it.
 COMMAND = "seqzoo catalog -o docs/components.md"

@@ -1,6 +1,6 @@
 """The conformance kit: the contract every component of a kind must honour, as named checks.
 
-    from seqzoo.testing import check_component
+    from seqzoo.train.testing import check_component
     for result in check_component("score", "additive", hidden=16):
         print(result)
 
@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load, save
 from torch import Tensor, nn
 
-from .attention import self_attention_inputs
-from .build import build
-from .cache import KVCache
-from .generation import generate
-from .interfaces import expand_kv, masked_softmax_attend
-from .registry import own_doc, registry
+from ..interfaces import expand_kv, masked_softmax_attend
+from ..io.build import build
+from ..nn.attention import self_attention_inputs
+from ..nn.cache import KVCache
+from ..nn.generation import generate
+from ..registry import own_doc, registry
 
 B, H, K, T, D, C = 2, 4, 2, 5, 8, 32  # small shapes: batch, heads, kv heads, length, head dim, width
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -12,7 +12,7 @@
   Hochreiter & Schmidhuber, 1997; Gers et al., 2000).
 
 Each writes ``NAME.md`` (a markdown table), ``NAME.json`` and ``NAME.png`` into the output folder.
-Training goes through ``seqzoo.training.train`` and scoring through ``Examples``' greedy decoding,
+Training goes through ``seqzoo.train.training.train`` and scoring through ``Examples``' greedy decoding,
 with every seed fixed; ``quick`` runs a tiny version in seconds (for tests). Runs use one CPU
 thread by default: these models are so small that extra threads mostly add synchronisation, and
 on shared cores they make a run several times slower.
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from .build import build
-from .errors import InputError, unknown_name
-from .files import write_text_atomic
+from ..errors import InputError, unknown_name
+from ..files import write_text_atomic
+from ..io.build import build
+from ..registry import registry, tokenizer
+from ..train.training import Examples, TrainConfig, example_rng, train
 from .plots import figure, require_matplotlib, save_figure
-from .registry import registry, tokenizer
-from .training import Examples, TrainConfig, example_rng, train
 
 
 @dataclass

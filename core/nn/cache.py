@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .errors import InputError
-from .interfaces import MixerState
+from ..errors import InputError
+from ..interfaces import MixerState
 
 
 class KVSlice(MixerState):

@@ -31,13 +31,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ..errors import CheckpointError, SeqzooError, few
+from ..files import atomic_write, write_text_atomic
+from ..interfaces import LanguageModel
+from ..recipe import resolve
+from ..registry import registry, tokenizer
 from .build import check_fits, instantiate, pick_device
 from .checkpoint import load, mismatches, save, unwrap
-from .errors import CheckpointError, SeqzooError, few
-from .files import atomic_write, write_text_atomic
-from .interfaces import LanguageModel
-from .recipe import resolve
-from .registry import registry, tokenizer
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

@@ -1,16 +1,16 @@
 """``seqzoo plot``, ``attention``, ``positions`` and ``experiment``: pictures of training runs,
 attention maps and position schemes, and the experiments of docs/experiments.md (see
-``seqzoo.plots`` and ``seqzoo.experiments``). matplotlib (``pip install 'seqzoo[plot]'``) is
+``seqzoo.lab.plots`` and ``seqzoo.lab.experiments``). matplotlib (``pip install 'seqzoo[plot]'``) is
 imported only when one of these commands draws."""
 from __future__ import annotations
 
 import os
 import sys
 
-from .checkpoint import load
-from .errors import InputError
-from .experiments import run_experiment
-from .plots import (
+from ..errors import InputError
+from ..io.checkpoint import load
+from ..lab.experiments import run_experiment
+from ..lab.plots import (
     PositionPicture,
     attention_panels,
     describe_position,
@@ -21,7 +21,7 @@ from .plots import (
     position_schemes,
     require_matplotlib,
 )
-from .registry import tokenizer
+from ..registry import tokenizer
 
 
 def register_cli(add) -> dict:

@@ -1,4 +1,4 @@
-"""``seqzoo train``: train a recipe's model on its ``train:`` task (see ``seqzoo.training``)."""
+"""``seqzoo train``: train a recipe's model on its ``train:`` task (see ``seqzoo.train.training``)."""
 from __future__ import annotations
 
 import json
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import torch
 
-from .build import instantiate
-from .checkpoint import load, load_weights, read_metadata, read_recipe
-from .errors import CheckpointError, InputError
-from .files import write_text_atomic
-from .recipe import resolve
-from .registry import tokenizer
-from .schema import dotted
-from .training import Distributed, TrainConfig, check_resumable, train
+from ..errors import CheckpointError, InputError
+from ..files import write_text_atomic
+from ..io.build import instantiate
+from ..io.checkpoint import load, load_weights, read_metadata, read_recipe
+from ..recipe import resolve
+from ..registry import tokenizer
+from ..schema import dotted
+from ..train.training import Distributed, TrainConfig, check_resumable, train
 
 
 def register_cli(add) -> dict:

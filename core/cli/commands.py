@@ -12,21 +12,21 @@ from collections.abc import Sequence
 import torch
 import yaml
 
-from . import testing
-from .build import build, instantiate
-from .checkpoint import load, save
+from ..errors import InputError, RegistryError, SeqzooError, unknown_name
+from ..io.build import build, instantiate
+from ..io.checkpoint import load, save
+from ..nn.generation import generate
+from ..nn.layers import describe_layout
+from ..recipe import resolve
+from ..registry import canonical_name, load_plugin, registry, strict, tokenizer
+from ..train import testing
 from .describe import describe
-from .errors import InputError, RegistryError, SeqzooError, unknown_name
-from .generation import generate
-from .layers import describe_layout
-from .recipe import resolve
-from .registry import canonical_name, load_plugin, registry, strict, tokenizer
 
 EXIT_BAD_INPUT = 2
 EXIT_CHECK_FAILED = 1
 
 # Modules that add commands through ``register_cli(add) -> {name: handler}``.
-EXTENSIONS = ("seqzoo.cli_train", "seqzoo.cli_plots", "seqzoo.hf", "seqzoo.catalog")
+EXTENSIONS = ("seqzoo.cli.train", "seqzoo.cli.plots", "seqzoo.io.hf", "seqzoo.cli.catalog")
 
 PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "
                "separated by os.pathsep)")

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import check_can_save, read_extras, save, unwrap
-from .config import TrainConfig  # the train: section's schema; still importable from here
-from .errors import SeqzooError
-from .generation import generate
-from .interfaces import LanguageModel, Task, Tokenizer
-from .registry import registry
+from ..config import TrainConfig  # the train: section's schema; still importable from here
+from ..errors import SeqzooError
+from ..interfaces import LanguageModel, Task, Tokenizer
+from ..io.checkpoint import check_can_save, read_extras, save, unwrap
+from ..nn.generation import generate
+from ..registry import registry
 
 IGNORE = -100  # label of positions that carry no loss
 
@@ -143,7 +143,7 @@ class Examples:
         return model(batch["ids"], **kwargs)
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        if self.fused_loss:  # the model fuses its LM head with the loss (seqzoo.losses)
+        if self.fused_loss:  # the model fuses its LM head with the loss (seqzoo.nn.losses)
             return self.logits(model, batch, targets=batch["labels"])
         logits = self.logits(model, batch)
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)

@@ -1,0 +1,1 @@
+"""Models in and out: building from recipes, safetensors checkpoints, Hugging Face folders."""

@@ -1,0 +1,1 @@
+"""Pictures and experiments: loss curves, attention maps, position schemes, measured studies."""
