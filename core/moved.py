@@ -50,5 +50,11 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
+    """Serve the old paths. Modules the package imported already are aliased at once: importing
+    ``seqzoo.build`` through the finder would rebind the attribute ``seqzoo.build`` — the build
+    function — to the module."""
+    for old, new in MOVED.items():
+        if f"seqzoo.{new}" in sys.modules:
+            sys.modules.setdefault(f"seqzoo.{old}", sys.modules[f"seqzoo.{new}"])
     if not any(isinstance(finder, MovedModules) for finder in sys.meta_path):
         sys.meta_path.append(MovedModules())

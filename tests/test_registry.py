@@ -200,3 +200,5 @@ def test_the_first_layouts_module_paths_import_the_moved_modules_themselves():
 
     assert old_name is MultiHeadAttention
     assert importlib.import_module("seqzoo.training").__spec__.name == "seqzoo.train.training"
+    # the old module path `seqzoo.build` never shadows the function `seqzoo.build`
+    assert callable(seqzoo.build) and seqzoo.build.__module__ == "seqzoo.io.build"
