@@ -174,3 +174,11 @@ def test_export_refuses_softcaps_and_sinks_in_a_uniform_stack(tmp_path):
         model = seqzoo.build("tiny-llama", [override], device="cpu")
         with pytest.raises(seqzoo.CheckpointError, match=problem):
             seqzoo.to_hf(model, tmp_path / "out", model_type="llama")
+
+
+def test_layer_override_indices_survive_a_checkpoint_round_trip(tmp_path):
+    recipe = resolve("tiny-gemma2", ["model.layer_overrides={0: global}"]).data
+    assert recipe["model"]["layer_overrides"] == {"0": "global"}
+    model = seqzoo.build(recipe, device="cpu")
+    path = seqzoo.save(model, tmp_path / "m.safetensors")
+    assert seqzoo.load(path).recipe["model"] == model.recipe["model"]

@@ -206,6 +206,10 @@ def check_layers(model: dict, path: tuple, validator: Validator, *, causal: bool
     """Recipe validation of a model section's per-layer settings (a ``check_recipe`` helper);
     ``causal=False`` for encoder stacks, which causal-only mixers cannot serve."""
     plans = layer_plan(model, path, validator)
+    if model.get("layer_overrides"):
+        # Index keys as text: YAML gives ints, a checkpoint's JSON gives strings, and a resumed
+        # run compares the two recipes.
+        model["layer_overrides"] = {str(int(key)): value for key, value in model["layer_overrides"].items()}
     for index, plan in enumerate(plans):
         where = (*path, "layer_types", plan.type) if plan.type else path
         if not causal and registry().get("mixer", plan.mixer["kind"]).cls.causal_only:
