@@ -184,8 +184,10 @@ def uniform_problem(model: dict) -> str | None:
     )
 
 
-def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, tanh_name: str) -> str | None:
-    """Checks shared by the decoder-only families (GPT-2, LLaMA, BLOOM)."""
+def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, tanh_name: str,
+                    qk_norm: bool = False) -> str | None:
+    """Checks shared by the decoder-only families (GPT-2, LLaMA, BLOOM); ``qk_norm``: the family
+    normalises q and k (Qwen3), which its converter checks further."""
     if model["kind"] != "decoder_lm":
         return f"model.kind is {model['kind']}, needs decoder_lm"
     problem = uniform_problem(model)
@@ -200,7 +202,8 @@ def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, t
         (act is not None, f"model.ffn {kind_of(model['ffn'])} has no Hugging Face activation name"),
         (act is None or act[1] == ffn_gated,
          f"model.ffn is {'gated' if act and act[1] else 'ungated'}, needs {'gated' if ffn_gated else 'ungated'}"),
-        (attn["qk_norm"] is None, "model.attention.qk_norm is set; this family has none"),
+        (qk_norm or attn["qk_norm"] is None, "model.attention.qk_norm is set; this family has none"),
+        (not qk_norm or attn["qk_norm"] is not None, "model.attention.qk_norm is null; this family has one"),
         (not model["scale_embeddings"], "model.scale_embeddings is true; this family has none"),
     )
 
