@@ -39,13 +39,17 @@ def llama(**kw):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**SMALL, **kw}))
 
 
-def qwen3(**kw):
-    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**SMALL, **kw}))
-    with torch.no_grad():  # HF starts the QK norms at ones; random weights test the mapping
-        for layer in model.model.layers:
-            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
-            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+def randomised_norms(model):
+    """HF starts norm weights at ones; random ones test that each maps to the right place."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
     return model
+
+
+def qwen3(**kw):
+    return randomised_norms(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**SMALL, **kw})))
 
 
 # name -> (build the HF model, sequence length)
@@ -69,6 +73,8 @@ DECODERS = {
     # head_dim 16 (not hidden / heads = 8), per-head QK RMSNorm with non-unit weights
     "qwen3": (lambda: qwen3(head_dim=16), T),
     "qwen3-tied-biases": (lambda: qwen3(head_dim=8, tie_word_embeddings=True, attention_bias=True), T),
+    # norms on the sublayer outputs only, QK-norm over the whole projection
+    "olmo2": (lambda: randomised_norms(transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SMALL))), T),
     "bloom": (lambda: transformers.BloomForCausalLM(transformers.BloomConfig(
         vocab_size=V, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2,
         pad_token_id=0)), T),

@@ -41,7 +41,7 @@ def test_unsupported_model_type_lists_the_supported_ones(gpt2_folder):
     edit_config(gpt2_folder, model_type="gptj")
     with pytest.raises(seqzoo.CheckpointError,
                        match=r"model_type 'gptj' is not supported; supported: bert, bloom, gpt2, llama, "
-                             r"mistral, qwen2, qwen3, t5"):
+                             r"mistral, olmo2, qwen2, qwen3, t5"):
         seqzoo.from_hf(gpt2_folder)
 
 

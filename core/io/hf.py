@@ -185,9 +185,10 @@ def uniform_problem(model: dict) -> str | None:
 
 
 def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, tanh_name: str,
-                    qk_norm: bool = False) -> str | None:
+                    qk_norm: bool = False, placement: str = "pre") -> str | None:
     """Checks shared by the decoder-only families (GPT-2, LLaMA, BLOOM); ``qk_norm``: the family
-    normalises q and k (Qwen3), which its converter checks further."""
+    normalises q and k (Qwen3, OLMo 2), which its converter checks further; ``placement``: where
+    its norms sit (``output`` for OLMo 2)."""
     if model["kind"] != "decoder_lm":
         return f"model.kind is {model['kind']}, needs decoder_lm"
     problem = uniform_problem(model)
@@ -198,7 +199,7 @@ def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, t
         (kind_of(model["position"]) == position,
          f"model.position is {kind_of(model['position'])}, needs {position}"),
         (kind_of(model["norm"]) == norm, f"model.norm is {kind_of(model['norm'])}, needs {norm}"),
-        (model["placement"] == "pre", f"model.placement is {model['placement']}, needs pre"),
+        (model["placement"] == placement, f"model.placement is {model['placement']}, needs {placement}"),
         (act is not None, f"model.ffn {kind_of(model['ffn'])} has no Hugging Face activation name"),
         (act is None or act[1] == ffn_gated,
          f"model.ffn is {'gated' if act and act[1] else 'ungated'}, needs {'gated' if ffn_gated else 'ungated'}"),
