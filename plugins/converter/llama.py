@@ -126,7 +126,11 @@ class LlamaConverter(HFConverter):
                 "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
                 "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02}
 
-    # -- what differs between LLaMA, Mistral and Qwen2 --------------------------------------------
+    #: Where the family's norms sit (``placement``) and its QK-norm's scope, if it has one.
+    placement: str = "pre"
+    qk_norm_scope: str | None = None
+
+    # -- what differs between LLaMA, Mistral, Qwen2/3 and OLMo 2 ----------------------------------
     def biases(self, c: dict) -> tuple[bool, bool, bool]:
         """(q/k/v bias, o_proj bias, MLP bias)."""
         return c["attention_bias"], c["attention_bias"], c["mlp_bias"]
@@ -163,11 +167,13 @@ class LlamaConverter(HFConverter):
                      "dropout": c["attention_dropout"]}
         if c["head_dim"] * heads != dim:
             attention["head_dim"] = c["head_dim"]
+        if self.qk_norm_scope is not None:
+            attention.update(qk_norm={"kind": "rmsnorm", "eps": c["rms_norm_eps"]}, qk_norm_scope=self.qk_norm_scope)
         return {"model": {
             "kind": "decoder_lm", "vocab_size": c["vocab_size"], "dim": dim,
             "layers": c["num_hidden_layers"], "max_seq_len": c["max_position_embeddings"],
             "position": rope_spec(config, c["head_dim"], c["max_position_embeddings"]),
-            "norm": {"kind": "rmsnorm", "eps": c["rms_norm_eps"]}, "placement": "pre",
+            "norm": {"kind": "rmsnorm", "eps": c["rms_norm_eps"]}, "placement": self.placement,
             "attention": attention, "ffn": glu_ffn(c["hidden_act"], c["intermediate_size"], mlp_bias),
             "tie_embeddings": c["tie_word_embeddings"], "init_std": c["initializer_range"],
         }}
@@ -198,8 +204,10 @@ class LlamaConverter(HFConverter):
 
     def accepts(self, recipe: dict) -> str | None:
         m = recipe["model"]
+        scope = self.qk_norm_scope
         problem = decoder_problem(m, position="rope", norm="rmsnorm", ffn_gated=True,
-                                  tanh_name="gelu_pytorch_tanh")
+                                  tanh_name="gelu_pytorch_tanh", qk_norm=scope is not None,
+                                  placement=self.placement)
         if problem:
             return problem
         attn = m["attention"]
@@ -207,7 +215,10 @@ class LlamaConverter(HFConverter):
         return first_problem(
             (kind_of(attn["score"]) == "scaled_dot" and attn["score"].get("scale") is None,
              "model.attention.score must be scaled_dot with the default scale"),
-            (m["embed_norm"] is None, "model.embed_norm is set; LLaMA has none"),
+            (m["embed_norm"] is None, f"model.embed_norm is set; {self.model_type} has none"),
+            (scope is None or (kind_of(attn["qk_norm"]) == "rmsnorm" and attn["qk_norm_scope"] == scope
+                               and attn["qk_norm"].get("eps") == m["norm"]["eps"]),
+             f"model.attention.qk_norm must be an rmsnorm over each {scope} with model.norm's eps"),
         ) or rope_problem(m["position"], m["max_seq_len"], head_dim) or self.attention_problem(m)
 
     def hf_config(self, model: nn.Module) -> dict:

@@ -6,14 +6,11 @@ Its configs give ``head_dim`` explicitly (128 unless set), which need not be ``h
 """
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from torch import nn
 
 import seqzoo
-from seqzoo.io.hf import Rule, decoder_problem, first_problem, kind_of, norm
+from seqzoo.io.hf import Rule, first_problem, norm
 
-from .llama import rope_problem
 from .qwen2 import Qwen2Converter
 
 
@@ -23,15 +20,10 @@ class Qwen3Converter(Qwen2Converter):
     model_type = "qwen3"
     architecture = "Qwen3ForCausalLM"
     defaults = {**Qwen2Converter.defaults, "head_dim": 128, "attention_bias": False}
+    qk_norm_scope = "head"
 
     def biases(self, c: dict) -> tuple[bool, bool, bool]:
         return c["attention_bias"], c["attention_bias"], False
-
-    def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
-        recipe = super().recipe(config, names)
-        c = self.config(config)
-        recipe["model"]["attention"]["qk_norm"] = {"kind": "rmsnorm", "eps": c["rms_norm_eps"]}
-        return recipe
 
     def rules(self, config: dict, recipe: dict) -> list[Rule]:
         rules = super().rules(config, recipe)
@@ -40,24 +32,12 @@ class Qwen3Converter(Qwen2Converter):
             rules += norm(b + "q_norm", h + "q_norm", bias=False) + norm(b + "k_norm", h + "k_norm", bias=False)
         return rules
 
-    def accepts(self, recipe: dict) -> str | None:
-        m = recipe["model"]
-        problem = decoder_problem(m, position="rope", norm="rmsnorm", ffn_gated=True,
-                                  tanh_name="gelu_pytorch_tanh", qk_norm=True)
-        if problem:
-            return problem
+    def attention_problem(self, m: dict) -> str | None:
         attn = m["attention"]
-        head_dim = attn["head_dim"] or m["dim"] // attn["heads"]
         return first_problem(
-            (kind_of(attn["score"]) == "scaled_dot" and attn["score"].get("scale") is None,
-             "model.attention.score must be scaled_dot with the default scale"),
-            (m["embed_norm"] is None, "model.embed_norm is set; Qwen3 has none"),
-            (kind_of(attn["qk_norm"]) == "rmsnorm" and attn["qk_norm_scope"] == "head"
-             and attn["qk_norm"].get("eps") == m["norm"]["eps"],
-             "model.attention.qk_norm must be a per-head rmsnorm with model.norm's eps"),
             (attn["out_bias"] in (None, attn["bias"]), "model.attention: Qwen3 has q/k/v and output biases alike"),
             (not m["ffn"]["bias"], "model.ffn: Qwen3's MLP has no biases"),
-        ) or rope_problem(m["position"], m["max_seq_len"], head_dim)
+        )
 
     def family_config(self, model: nn.Module) -> dict:
         return {**super().family_config(model), "attention_bias": model.recipe["model"]["attention"]["bias"]}
