@@ -4,13 +4,14 @@ states and pooler output for BERT) within 1e-4 in float32, export back to a fold
 with the same outputs, and decode greedily token for token like ``generate`` (KV-cached)."""
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 import torch
 
 import seqzoo
+from seqzoo.train import parity
+from seqzoo.train.parity import hf_greedy
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -84,83 +85,36 @@ NO_POSITION_IDS = {"bloom"}  # BLOOM's forward takes no position_ids (ALiBi read
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """name -> (HF reference model, imported seqzoo model, HF folder), built once per module."""
+    """name -> the converter kit's Imported(hf, model, folder), built once per module."""
     cache = {}
 
-    def get(name: str):
+    def get(name: str) -> parity.Imported:
         if name not in cache:
             torch.manual_seed(0)
-            hf = DECODERS[name][0]().eval()
-            folder = tmp_path_factory.mktemp(name) / "hf"
-            hf.save_pretrained(folder)
-            cache[name] = hf, seqzoo.from_hf(folder, device="cpu"), folder
+            cache[name] = parity.import_reference(DECODERS[name][0](), tmp_path_factory.mktemp(name) / "hf")
         return cache[name]
 
     return get
 
 
-def left_padded(length: int, pad: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(3, V, (2, length))
-    mask = torch.ones(2, length, dtype=torch.long)
-    mask[1, :pad] = 0
-    ids[1, :pad] = 0
-    return ids, mask
-
-
-def hf_greedy(hf, ids, mask, new: int) -> torch.Tensor:
-    config = copy.deepcopy(hf.generation_config)
-    # An eos id outside the vocabulary: never produced, so generation runs the full length
-    # (None falls back to the model config's eos in transformers 5).
-    config.update(do_sample=False, max_new_tokens=new, min_new_tokens=None, eos_token_id=V + 1,
-                  pad_token_id=0, num_beams=1)
-    with torch.no_grad():
-        return hf.generate(ids, attention_mask=mask, generation_config=config)
-
-
 @pytest.mark.parametrize("name", DECODERS)
 def test_decoder_logits_match_transformers(imported, name):
-    hf, model, _ = imported(name)
-    ids = torch.randint(V, (2, DECODERS[name][1]))
-    with torch.no_grad():
-        diff = (model(ids) - hf(ids).logits).abs().max().item()
-    assert diff < TOL, f"{name}: max |Δ| = {diff:.2e}"
+    parity.check_logits(imported(name), DECODERS[name][1])
 
 
 @pytest.mark.parametrize("name", DECODERS)
 def test_decoder_logits_match_transformers_on_a_left_padded_batch(imported, name):
-    hf, model, _ = imported(name)
-    ids, mask = left_padded(DECODERS[name][1])
-    kwargs = {} if name in NO_POSITION_IDS else {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
-    with torch.no_grad():
-        ours = model(ids, attention_mask=mask)
-        theirs = hf(ids, attention_mask=mask, **kwargs).logits
-    real = mask.bool()
-    diff = (ours[real] - theirs[real]).abs().max().item()
-    assert diff < TOL, f"{name}: max |Δ| = {diff:.2e}"
+    parity.check_padded_logits(imported(name), DECODERS[name][1], position_ids=name not in NO_POSITION_IDS)
 
 
 @pytest.mark.parametrize("name", DECODERS)
 def test_exported_decoder_loads_in_transformers_with_the_same_logits(imported, name, tmp_path):
-    hf, model, _ = imported(name)
-    out = seqzoo.to_hf(model, tmp_path / "out")
-    config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == name.split("-")[0]
-    again = type(hf).from_pretrained(out, dtype=torch.float32).eval()
-    ids = torch.randint(V, (2, DECODERS[name][1]))
-    with torch.no_grad():
-        diff = (again(ids).logits - hf(ids).logits).abs().max().item()
-    assert diff < 1e-5, f"{name}: max |Δ| = {diff:.2e}"
+    parity.check_export(imported(name), tmp_path / "out", DECODERS[name][1])
 
 
 @pytest.mark.parametrize("name", DECODERS)
-def test_greedy_generation_with_kv_cache_equals_transformers_generate(imported, name):
-    hf, model, _ = imported(name)
-    length = 8
-    new = DECODERS[name][1] + 4 - length  # the dynamic case decodes past L = 16
-    ids, mask = left_padded(length, pad=2)
-    theirs = hf_greedy(hf, ids, mask, new)
-    ours = seqzoo.generate(model, ids, new, attention_mask=mask, eos_id=None)  # full length, as theirs
-    assert ours.tolist() == theirs.tolist()
+def test_greedy_decoding_equals_transformers_for_32_steps_with_and_without_the_cache(imported, name):
+    parity.check_greedy(imported(name))
 
 
 def test_imported_recipe_names_the_family_components(imported):
