@@ -95,6 +95,12 @@ def norm(target: str, source: str, bias: bool = True) -> list[Rule]:
     return linear(target, source, bias)
 
 
+def renamed(ours: str, theirs: str, names: Mapping[str, str], bias: bool, *, transpose: bool = False) -> list[Rule]:
+    """``linear`` for each {seqzoo name: HF name} pair of one layer's projections or norms, under the
+    prefixes ``ours`` and ``theirs`` (``decoder.blocks.3.``, ``model.layers.3.``)."""
+    return [rule for a, b in names.items() for rule in linear(ours + a, theirs + b, bias, transpose=transpose)]
+
+
 # -- activations: Hugging Face names <-> seqzoo ffn specs ------------------------------------------
 # HF ``ACT2FN`` names of the activations seqzoo has, as (seqzoo activation, GELU approximation).
 # gelu_new, gelu_fast and gelu_pytorch_tanh are the same function, 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))).
@@ -209,6 +215,21 @@ def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, t
     )
 
 
+
+def plain_attention_problem(model: dict, family: str, *, biases: bool) -> str | None:
+    """Why ``model.attention`` is not the attention of the 2017–2022 families (GPT-2, BERT, BLOOM,
+    T5, GPT-NeoX) — as many K/V heads as query heads, each C/H wide, no window, no QK-norm, and a
+    bias on every projection (``biases``) or on none — or None."""
+    attn = model["attention"]
+    have = attn["bias"] and attn["out_bias"] in (None, True) if biases else not attn["bias"] and not attn["out_bias"]
+    return first_problem(
+        (attn["kv_heads"] in (None, attn["heads"]), f"model.attention.kv_heads: {family} has no GQA"),
+        (attn["head_dim"] in (None, model["dim"] // attn["heads"]), "model.attention.head_dim must be dim / heads"),
+        (have, f"model.attention: {family} has {'biases everywhere' if biases else 'no biases'}"),
+        (attn["window"] is None, f"model.attention.window: {family} has no sliding window"),
+        (attn["qk_norm"] is None, f"model.attention.qk_norm: {family} has none"),
+    )
+
 # -- the converter interface -----------------------------------------------------------------------
 class HFConverter:
     """One Hugging Face family (``model_type``), registered under kind ``converter``.
@@ -276,6 +297,26 @@ class HFConverter:
                 tensors[name] = tensor.to("cpu").contiguous().clone()  # clone: split views share memory
         return config, tensors
 
+
+
+class CausalLMConverter(HFConverter):
+    """A decoder-only family: the token embedding is the HF tensor ``embedding``, and the output
+    head is ``lm_head.weight`` — stored, or tied to the embedding (then a checkpoint may still
+    carry the copy, which must equal it)."""
+
+    #: The HF name of the token embedding (``model.embed_tokens.weight``, ``transformer.wte.weight``).
+    embedding: ClassVar[str] = ""
+
+    def ends(self, recipe: dict, final_norm: str, norm_bias: bool) -> list[Rule]:
+        """The rules outside the layers: the embedding, the final norm (HF ``final_norm``) and an
+        untied head."""
+        rules = [copy("embed.weight", self.embedding), *norm("decoder.final_norm", final_norm, norm_bias)]
+        if not recipe["model"]["tie_embeddings"]:
+            rules.append(copy("lm_head.weight", "lm_head.weight"))
+        return rules
+
+    def aliases(self, config: dict, recipe: dict) -> dict[str, str]:
+        return {"lm_head.weight": self.embedding} if recipe["model"]["tie_embeddings"] else {}
 
 def _check_coverage(converter: HFConverter, model: nn.Module, rules: list[Rule]) -> None:
     """Every seqzoo tensor must be made by a rule, or share its memory with one that is (a tied

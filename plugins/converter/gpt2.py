@@ -14,16 +14,16 @@ from torch import nn
 import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
-    HFConverter,
+    CausalLMConverter,
     Rule,
     copy,
     decoder_problem,
     ffn_activation,
     first_problem,
     kind_of,
-    linear,
     mlp_ffn,
-    norm,
+    plain_attention_problem,
+    renamed,
     special_ids,
 )
 
@@ -33,13 +33,14 @@ DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 
             "tie_word_embeddings": True}
 
 
-class GPT2Converter(HFConverter):
+class GPT2Converter(CausalLMConverter):
     """config.json keys: n_embd, n_layer, n_head, n_positions, n_inner, activation_function,
     layer_norm_epsilon, scale_attn_weights, tie_word_embeddings, *_pdrop."""
 
     model_type = "gpt2"
     architecture = "GPT2LMHeadModel"
     base_prefix = "transformer."
+    embedding = "transformer.wte.weight"
     ignored = (r"\.attn\.bias$", r"\.attn\.masked_bias$")  # causal-mask buffers of old checkpoints
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
@@ -60,25 +61,13 @@ class GPT2Converter(HFConverter):
         }}
 
     def rules(self, config: dict, recipe: dict) -> list[Rule]:
-        c = {**DEFAULTS, **config}
-        rules = [copy("embed.weight", "transformer.wte.weight"),
-                 copy("decoder.position.table.weight", "transformer.wpe.weight")]
-        for i in range(c["n_layer"]):
-            h, b = f"transformer.h.{i}.", f"decoder.blocks.{i}."
-            rules += norm(b + "attn_norm", h + "ln_1")
-            rules += linear(b + "attn.qkv_proj", h + "attn.c_attn", True, transpose=True)
-            rules += linear(b + "attn.out_proj", h + "attn.c_proj", True, transpose=True)
-            rules += norm(b + "ffn_norm", h + "ln_2")
-            rules += linear(b + "ffn.up", h + "mlp.c_fc", True, transpose=True)
-            rules += linear(b + "ffn.down", h + "mlp.c_proj", True, transpose=True)
-        rules += norm("decoder.final_norm", "transformer.ln_f")
-        if not recipe["model"]["tie_embeddings"]:
-            rules.append(copy("lm_head.weight", "lm_head.weight"))
-        return rules
-
-    def aliases(self, config: dict, recipe: dict) -> dict[str, str]:
-        tied = recipe["model"]["tie_embeddings"]
-        return {"lm_head.weight": "transformer.wte.weight"} if tied else {}
+        rules = [copy("decoder.position.table.weight", "transformer.wpe.weight")]
+        for i in range(recipe["model"]["layers"]):
+            b, h = f"decoder.blocks.{i}.", f"transformer.h.{i}."
+            rules += renamed(b, h, {"attn_norm": "ln_1", "ffn_norm": "ln_2"}, True)
+            rules += renamed(b, h, {"attn.qkv_proj": "attn.c_attn", "attn.out_proj": "attn.c_proj",
+                                    "ffn.up": "mlp.c_fc", "ffn.down": "mlp.c_proj"}, True, transpose=True)
+        return rules + self.ends(recipe, "transformer.ln_f", True)
 
     def accepts(self, recipe: dict) -> str | None:
         m = recipe["model"]
@@ -86,14 +75,9 @@ class GPT2Converter(HFConverter):
                                   tanh_name="gelu_new")
         if problem:
             return problem
-        attn, score = m["attention"], m["attention"]["score"]
-        return first_problem(
+        score = m["attention"]["score"]
+        return plain_attention_problem(m, "GPT-2", biases=True) or first_problem(
             (m["norm"].get("bias", True), "model.norm has no bias; GPT-2's LayerNorm has one"),
-            (attn["kv_heads"] in (None, attn["heads"]), "model.attention.kv_heads: GPT-2 has no GQA"),
-            (attn["head_dim"] in (None, m["dim"] // attn["heads"]),
-             "model.attention.head_dim must be dim / heads"),
-            (attn["bias"] and attn["out_bias"] in (None, True), "model.attention: GPT-2 has biases everywhere"),
-            (attn["window"] is None, "model.attention.window: GPT-2 has no sliding window"),
             (kind_of(score) == "scaled_dot" and score.get("scale") in (None, 1.0),
              "model.attention.score must be scaled_dot (scale null or 1.0)"),
             (m["ffn"].get("bias", True), "model.ffn has no bias; GPT-2's MLP has biases"),

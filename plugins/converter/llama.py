@@ -14,9 +14,8 @@ from torch import nn
 import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
-    HFConverter,
+    CausalLMConverter,
     Rule,
-    copy,
     decoder_problem,
     ffn_activation,
     first_problem,
@@ -24,7 +23,7 @@ from seqzoo.io.hf import (
     glu_ffn,
     kind_of,
     linear,
-    norm,
+    renamed,
     special_ids,
 )
 
@@ -111,7 +110,7 @@ def rope_problem(position: dict, max_seq_len: int, head_dim: int) -> str | None:
     )
 
 
-class LlamaConverter(HFConverter):
+class LlamaConverter(CausalLMConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
     num_key_value_heads, head_dim, hidden_act, max_position_embeddings, rms_norm_eps,
     rope_parameters (or rope_theta + rope_scaling), tie_word_embeddings, attention_bias, mlp_bias."""
@@ -119,6 +118,7 @@ class LlamaConverter(HFConverter):
     model_type = "llama"
     architecture = "LlamaForCausalLM"
     base_prefix = "model."
+    embedding = "model.embed_tokens.weight"
     ignored = (r"rotary_emb\.inv_freq$",)
     defaults = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
@@ -182,25 +182,17 @@ class LlamaConverter(HFConverter):
         c = self.config(config)
         qkv_bias, out_bias, mlp_bias = self.biases(c)
         q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-        rules = [copy("embed.weight", "model.embed_tokens.weight")]
+        rules = []
         for i in range(c["num_hidden_layers"]):
-            h, b = f"model.layers.{i}.", f"decoder.blocks.{i}."
-            rules += norm(b + "attn_norm", h + "input_layernorm", bias=False)
+            b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
+            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}, False)
             for part in ("weight", "bias") if qkv_bias else ("weight",):
                 sources = tuple(f"{h}self_attn.{x}_proj.{part}" for x in "qkv")
                 rules.append(fused(f"{b}attn.qkv_proj.{part}", sources, (q, kv, kv)))
             rules += linear(b + "attn.out_proj", h + "self_attn.o_proj", out_bias)
-            rules += norm(b + "ffn_norm", h + "post_attention_layernorm", bias=False)
-            for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-                rules += linear(f"{b}ffn.{ours}", f"{h}mlp.{theirs}", mlp_bias)
-        rules += norm("decoder.final_norm", "model.norm", bias=False)
-        if not recipe["model"]["tie_embeddings"]:
-            rules.append(copy("lm_head.weight", "lm_head.weight"))
-        return rules
-
-    def aliases(self, config: dict, recipe: dict) -> dict[str, str]:
-        tied = recipe["model"]["tie_embeddings"]
-        return {"lm_head.weight": "model.embed_tokens.weight"} if tied else {}
+            rules += renamed(b, h, {"ffn.gate": "mlp.gate_proj", "ffn.up": "mlp.up_proj", "ffn.down": "mlp.down_proj"},
+                             mlp_bias)
+        return rules + self.ends(recipe, "model.norm", False)
 
     def accepts(self, recipe: dict) -> str | None:
         m = recipe["model"]
