@@ -216,15 +216,16 @@ def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, t
 
 
 
-def plain_attention_problem(model: dict, family: str, *, biases: bool) -> str | None:
+def plain_attention_problem(model: dict, family: str, *, biases: bool, any_head_dim: bool = False) -> str | None:
     """Why ``model.attention`` is not the attention of the 2017–2022 families (GPT-2, BERT, BLOOM,
-    T5, GPT-NeoX) — as many K/V heads as query heads, each C/H wide, no window, no QK-norm, and a
-    bias on every projection (``biases``) or on none — or None."""
+    T5, GPT-NeoX) — as many K/V heads as query heads, each C/H wide (any width: ``any_head_dim``,
+    T5), no window, no QK-norm, and a bias on every projection (``biases``) or on none — or None."""
     attn = model["attention"]
     have = attn["bias"] and attn["out_bias"] in (None, True) if biases else not attn["bias"] and not attn["out_bias"]
     return first_problem(
         (attn["kv_heads"] in (None, attn["heads"]), f"model.attention.kv_heads: {family} has no GQA"),
-        (attn["head_dim"] in (None, model["dim"] // attn["heads"]), "model.attention.head_dim must be dim / heads"),
+        (any_head_dim or attn["head_dim"] in (None, model["dim"] // attn["heads"]),
+         "model.attention.head_dim must be dim / heads"),
         (have, f"model.attention: {family} has {'biases everywhere' if biases else 'no biases'}"),
         (attn["window"] is None, f"model.attention.window: {family} has no sliding window"),
         (attn["qk_norm"] is None, f"model.attention.qk_norm: {family} has none"),

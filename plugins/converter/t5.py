@@ -26,6 +26,7 @@ from seqzoo.io.hf import (
     kind_of,
     mlp_ffn,
     norm,
+    plain_attention_problem,
     special_ids,
     uniform_problem,
 )
@@ -126,16 +127,13 @@ class T5Converter(HFConverter):
         problem = uniform_problem(m)
         if problem:
             return problem
-        attn, score, act = m["attention"], m["attention"]["score"], ffn_activation(m["ffn"], "gelu_new")
-        return first_problem(
+        score, act = m["attention"]["score"], ffn_activation(m["ffn"], "gelu_new")
+        return plain_attention_problem(m, "T5", biases=False, any_head_dim=True) or first_problem(
             (kind_of(m["position"]) == "t5", "model.position must be t5"),
             (kind_of(m["norm"]) == "rmsnorm", "model.norm must be rmsnorm"),
             (m["placement"] == "pre", "model.placement must be pre"),
             (kind_of(score) in ("dot", "scaled_dot") and score.get("scale") == 1.0,
              "model.attention.score must be unscaled ({kind: dot, scale: 1.0})"),
-            (not attn["bias"] and not attn["out_bias"], "model.attention: T5 has no biases"),
-            (attn["kv_heads"] in (None, attn["heads"]), "model.attention.kv_heads: T5 has no GQA"),
-            (attn["window"] is None and attn["qk_norm"] is None, "model.attention: no window or qk_norm in T5"),
             (act is not None, f"model.ffn {kind_of(m['ffn'])} has no Hugging Face activation name"),
             (not m["ffn"].get("bias", False), "model.ffn: T5's feed-forward has no biases"),
             (not m["scale_embeddings"], "model.scale_embeddings: T5 does not scale embeddings"),
