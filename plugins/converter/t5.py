@@ -128,7 +128,7 @@ class T5Converter(HFConverter):
         if problem:
             return problem
         score, act = m["attention"]["score"], ffn_activation(m["ffn"], "gelu_new")
-        return plain_attention_problem(m, "T5", biases=False, any_head_dim=True) or first_problem(
+        return first_problem(
             (kind_of(m["position"]) == "t5", "model.position must be t5"),
             (kind_of(m["norm"]) == "rmsnorm", "model.norm must be rmsnorm"),
             (m["placement"] == "pre", "model.placement must be pre"),
@@ -137,7 +137,7 @@ class T5Converter(HFConverter):
             (act is not None, f"model.ffn {kind_of(m['ffn'])} has no Hugging Face activation name"),
             (not m["ffn"].get("bias", False), "model.ffn: T5's feed-forward has no biases"),
             (not m["scale_embeddings"], "model.scale_embeddings: T5 does not scale embeddings"),
-        )
+        ) or plain_attention_problem(m, "T5", biases=False, any_head_dim=True)
 
     def hf_config(self, model: nn.Module) -> dict:
         m = model.recipe["model"]
