@@ -1,0 +1,80 @@
+"""The selective scan of Mamba (Gu & Dao, 2023) in plain PyTorch: a diagonal linear recurrence whose
+decay and input both depend on the token,
+
+    h_t = exp(Δ_t A) ⊙ h_{t−1} + Δ_t B_t u_t,    y_t = h_t C_t
+
+with u, Δ (B, T, D), A (D, N) negative, B_t, C_t (B, T, N) shared by the D channels, and a state
+h (B, D, N). Each (channel, state) pair decays at its own rate, so — unlike Mamba-2's scalar decay
+per head — the scan cannot be turned into one matrix product; it is run chunk by chunk instead.
+
+Inside a chunk of L tokens the recurrence unrolls to a cumulative sum. With S_t = A·Σ_{s≤t} Δ_s
+(the log-decay from the chunk start, ≤ 0):
+
+    h_t = exp(S_t) ⊙ (h_0 + Σ_{s≤t} exp(−S_s) ⊙ Δ_s B_s u_s)
+
+— one ``cumsum`` over the chunk instead of L dependent steps. exp(−S_s) grows as the chunk decays,
+so the chunk length is chosen per call to keep |S| ≤ ``LOG_DECAY_LIMIT`` in every chunk: exp(±S)
+then stays finite in float32 (e^88 overflows) and the products lose no precision. Chunks run in a
+Python loop (T / L of them, not T), each on (B, L, D, N) tensors small enough to stay in cache.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: The largest |log-decay| allowed inside one chunk: e^80 and e^-80 are normal float32 numbers.
+LOG_DECAY_LIMIT = 80.0
+
+
+def chunk_length(dt: Tensor, A: Tensor, longest: int) -> int:
+    """The longest power-of-two chunk ≤ ``longest`` over which no (row, channel, state) decays by
+    more than e^−80: max over chunks of Σ Δ · max|A| of the channel. dt (B, T, D) ≥ 0, A (D, N).
+    Decays that steep are rare (trained Mamba has Δ·|A| ~ 0.01–10 per step); L = 1 always works."""
+    rate = A.abs().amax(-1)  # (D,) the fastest decay of each channel
+    length = longest
+    while length > 1:
+        pad = -dt.shape[1] % length
+        padded = torch.nn.functional.pad(dt, (0, 0, 0, pad))  # zeros: no decay
+        per_chunk = padded.unflatten(1, (-1, length)).sum(2)  # (B, T/L, D)
+        if float((per_chunk * rate).amax()) <= LOG_DECAY_LIMIT:
+            return length
+        length //= 2
+    return 1
+
+
+def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Tensor | None = None,
+                   chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """y_t = h_t C_t for the recurrence above -> (y (B, T, D), final state h_T (B, D, N)).
+
+    u, dt (B, T, D); A (D, N) ≤ 0; B, C (B, T, N); h (B, D, N) the state before the first token
+    (zeros if None). A token with Δ = 0 leaves the state as it was (padding). Computed in float32
+    or wider; ``chunk``: the longest chunk tried (64).
+    """
+    batch, length, channels = u.shape
+    dtype = torch.promote_types(u.dtype, torch.float32)
+    u, dt, A, B, C = (t.to(dtype) for t in (u, dt, A, B, C))
+    h = u.new_zeros(batch, channels, A.shape[1]) if h is None else h.to(dtype)
+    step = chunk_length(dt.detach(), A.detach(), chunk)
+    outputs = []
+    for start in range(0, length, step):
+        piece = slice(start, start + step)
+        dt_c = dt[:, piece]                                                   # (B, L, D)
+        inputs = (dt_c * u[:, piece])[..., None] * B[:, piece, None, :]       # Δ_s B_s u_s (B, L, D, N)
+        if step == 1:  # one token: the recurrence itself
+            states = torch.exp(dt_c[..., None] * A) * h[:, None] + inputs
+        else:
+            log_decay = dt_c.cumsum(1)[..., None] * A                         # S_t (B, L, D, N)
+            decay = log_decay.exp()
+            states = decay * (h[:, None] + (inputs / decay).cumsum(1))        # h_t (B, L, D, N)
+        outputs.append(torch.einsum("bldn,bln->bld", states, C[:, piece]))
+        h = states[:, -1]
+    return torch.cat(outputs, 1), h
+
+
+def selective_step(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+    """One token of the recurrence, for decoding: u, dt (B, D); B, C (B, N); h (B, D, N) ->
+    (y (B, D), new h). Constant time and memory whatever came before."""
+    dtype = h.dtype
+    u, dt, A, B, C = (t.to(dtype) for t in (u, dt, A, B, C))
+    h = torch.exp(dt[..., None] * A) * h + (dt * u)[..., None] * B[:, None]
+    return torch.einsum("bdn,bn->bd", h, C), h

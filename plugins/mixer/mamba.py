@@ -1,0 +1,120 @@
+"""Mamba (Gu & Dao, 2023): a selective state-space model as a layer's token mixer.
+
+    x, z = in_proj(h)                          each (B, T, E), E = expand·C
+    x = SiLU(causal depthwise conv1d(x))       kernel K over time, per channel
+    Δ, B, C = x_proj(x)                        Δ of rank R, B and C of N features each
+    Δ = softplus(dt_proj(Δ))                   (B, T, E), a step size per channel and token
+    y = scan(x, Δ, A, B, C) + D ⊙ x            A = −exp(A_log) (E, N); see ``_selective_scan``
+    out = out_proj(y ⊙ SiLU(z))
+
+The decoding state is the last K − 1 conv inputs and the scan's (E, N) state per row: a fixed size,
+whatever the length, and no random access to any single past token. A sequence runs the chunked
+scan; a decode step runs the recurrence once. Padded positions feed zeros to the conv and take a
+zero step (Δ = 0), so they leave both states as they were.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import seqzoo
+from seqzoo.interfaces import Mixer, MixerContext, MixerState
+from seqzoo.nn.linear import Linear
+from seqzoo.schema import PositiveFloat, PositiveInt
+
+from ._selective_scan import selective_scan, selective_step
+
+
+class MambaState(MixerState):
+    """conv (B, E, K − 1): the last conv inputs; ssm (B, E, N): the scan's state, float32."""
+
+    def __init__(self, conv: Tensor, ssm: Tensor) -> None:
+        self.conv, self.ssm = conv, ssm
+
+    def reorder(self, rows: Tensor) -> None:
+        self.conv, self.ssm = self.conv.index_select(0, rows), self.ssm.index_select(0, rows)
+
+
+class Mamba(Mixer):
+    """state: N, the state features per channel (16). conv: K, the conv kernel (4). expand: E / C (2).
+    dt_rank: R (null = ⌈C / 16⌉). bias: biases on in_proj and out_proj (false). conv_bias (true).
+    dt_min, dt_max: the range of the initial step sizes (0.001, 0.1), log-uniform as in the paper.
+    chunk: the longest scan chunk (64); it only moves speed and memory."""
+
+    causal_only = True
+    own_init = True  # A, D and the Δ bias have initialisations of their own
+
+    def __init__(self, dim: int, state: PositiveInt = 16, conv: PositiveInt = 4, expand: PositiveInt = 2,
+                 dt_rank: PositiveInt | None = None, bias: bool = False, conv_bias: bool = True,
+                 dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1, chunk: PositiveInt = 64) -> None:
+        super().__init__(dim)
+        self.inner, self.state_size, self.kernel = expand * dim, state, conv
+        self.dt_rank = dt_rank or math.ceil(dim / 16)
+        self.chunk = chunk
+        inner = self.inner
+        self.in_proj = Linear(dim, 2 * inner, bias=bias)
+        self.conv1d = nn.Conv1d(inner, inner, conv, groups=inner, bias=conv_bias)
+        self.x_proj = Linear(inner, self.dt_rank + 2 * state, bias=False)
+        self.dt_proj = Linear(self.dt_rank, inner, bias=True)
+        # S4D-real: A = −(1, 2, ..., N) in every channel, stored as its log so it stays negative.
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, state + 1, dtype=torch.float32)).repeat(inner, 1))
+        self.D = nn.Parameter(torch.ones(inner))
+        self.out_proj = Linear(inner, dim, bias=bias)
+        with torch.no_grad():  # initial Δ = softplus(bias) log-uniform in [dt_min, dt_max]
+            nn.init.uniform_(self.dt_proj.weight, -self.dt_rank ** -0.5, self.dt_rank ** -0.5)
+            dt = torch.exp(torch.rand(inner) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹
+
+    def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
+                  dtype: torch.dtype | None = None) -> MambaState:
+        """Zero conv inputs and a zero scan state; ``max_len`` plays no part."""
+        dtype = dtype or self.in_proj.weight.dtype
+        return MambaState(torch.zeros(batch, self.inner, self.kernel - 1, device=device, dtype=dtype),
+                          torch.zeros(batch, self.inner, self.state_size, device=device,
+                                      dtype=torch.promote_types(dtype, torch.float32)))
+
+    def forward(self, x: Tensor, context: MixerContext, state: MambaState | None = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C); continues from and updates ``state``."""
+        real = None if context.padding is None else context.padding.to(x.dtype)[..., None]  # (B, T, 1)
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
+        if real is not None:
+            u = u * real
+        u = F.silu(self._conv(u, state))
+        dt, B, C = self.x_proj(u).split([self.dt_rank, self.state_size, self.state_size], dim=-1)
+        dt = F.softplus(self.dt_proj(dt))  # (B, T, E)
+        if real is not None:
+            dt = dt * real  # Δ = 0: the state neither decays nor takes input
+        A = -torch.exp(self.A_log.float())  # (E, N)
+        start = None if state is None else state.ssm
+        if x.shape[1] == 1 and start is not None:
+            y, final = selective_step(u[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], start)
+            y = y[:, None]
+        else:
+            y, final = selective_scan(u, dt, A, B, C, start, self.chunk)
+        if state is not None:
+            state.ssm = final
+        y = (y.to(x.dtype) + u * self.D.to(x.dtype)) * F.silu(z)
+        return self.out_proj(y)
+
+    def _conv(self, u: Tensor, state: MambaState | None) -> Tensor:
+        """The causal depthwise conv over u (B, T, E), preceded by the state's last K − 1 inputs
+        (zeros at the start), which it then replaces."""
+        u = u.transpose(1, 2)  # (B, E, T)
+        before = (state.conv.to(u.dtype) if state is not None
+                  else u.new_zeros(u.shape[0], self.inner, self.kernel - 1))
+        window = torch.cat([before, u], dim=-1)  # (B, E, K − 1 + T)
+        if state is not None:
+            state.conv = window[..., window.shape[-1] - (self.kernel - 1):]
+        return self.conv1d(window).transpose(1, 2)
+
+    def extra_repr(self) -> str:
+        return f"inner={self.inner}, state={self.state_size}, conv={self.kernel}, dt_rank={self.dt_rank}"
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("mixer", "mamba", Mamba,
+                             summary="Mamba selective state space: conv, input-dependent Δ, B, C; chunked scan")]

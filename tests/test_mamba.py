@@ -1,0 +1,80 @@
+"""Mamba's selective scan against the recurrence it unrolls, step by step in float64; the chunk
+length rule; and the mixer's scan and decode step against each other."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import seqzoo
+from seqzoo.plugins.mixer._selective_scan import LOG_DECAY_LIMIT, chunk_length, selective_scan, selective_step
+
+
+def sequential(u, dt, A, B, C, h):
+    """h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t, y_t = h_t C_t, one step at a time."""
+    ys = []
+    for t in range(u.shape[1]):
+        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * u[:, t])[..., None] * B[:, t, None]
+        ys.append(torch.einsum("bdn,bn->bd", h, C[:, t]))
+    return torch.stack(ys, 1), h
+
+
+def inputs(scale: float, length: int = 70, dtype=torch.float64):
+    g = torch.Generator().manual_seed(1)
+    b, d, n = 2, 6, 5
+    u = torch.randn(b, length, d, generator=g, dtype=dtype)
+    dt = F.softplus(torch.randn(b, length, d, generator=g, dtype=dtype)) * scale
+    A = -torch.rand(d, n, generator=g, dtype=dtype) * 16
+    B, C = torch.randn(b, length, n, generator=g, dtype=dtype), torch.randn(b, length, n, generator=g, dtype=dtype)
+    return u, dt, A, B, C, torch.randn(b, d, n, generator=g, dtype=dtype)
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 20.0])  # slow decay (long chunks) to steep (chunks of 1)
+def test_chunked_scan_equals_the_sequential_recurrence_in_float64(scale):
+    u, dt, A, B, C, h = inputs(scale)
+    expected, final = sequential(u, dt, A, B, C, h)
+    for chunk in (1, 8, 64):
+        y, last = selective_scan(u, dt, A, B, C, h, chunk=chunk)
+        assert (y - expected).abs().max() < 1e-9 * expected.abs().max()
+        assert (last - final).abs().max() < 1e-9 * final.abs().max()
+
+
+def test_chunked_scan_in_float32_stays_close_to_float64():
+    u, dt, A, B, C, h = inputs(1.0, length=200)
+    expected, _ = sequential(u, dt, A, B, C, h)
+    y, _ = selective_scan(*(t.float() for t in (u, dt, A, B, C, h)))
+    assert ((y.double() - expected).abs().max() / expected.abs().max()) < 1e-5
+
+
+def test_chunk_length_keeps_every_chunk_within_the_log_decay_limit():
+    u, dt, A, B, C, h = inputs(0.5, length=64)
+    length = chunk_length(dt, A, 64)
+    assert 1 < length < 64  # steep enough that a whole chunk of 64 would overflow e^±80
+    per_chunk = dt[:, : 64 // length * length].unflatten(1, (-1, length)).sum(2) * A.abs().amax(-1)
+    assert per_chunk.max() <= LOG_DECAY_LIMIT
+    assert chunk_length(torch.zeros_like(dt), A, 64) == 64
+
+
+def test_zero_steps_leave_the_state_unchanged():
+    u, dt, A, B, C, h = inputs(1.0, length=10)
+    dt[:, :4] = 0  # four padded positions
+    _, after_padding = selective_scan(u[:, :4], dt[:, :4], A, B[:, :4], C[:, :4], h)
+    assert torch.equal(after_padding, h.to(after_padding.dtype))
+
+
+def test_decode_steps_equal_the_scan():
+    u, dt, A, B, C, h = inputs(1.0, length=12)
+    expected, final = selective_scan(u, dt, A, B, C, h)
+    for t in range(12):
+        y, h = selective_step(u[:, t], dt[:, t], A, B[:, t], C[:, t], h)
+        assert torch.allclose(y, expected[:, t], atol=1e-10)
+    assert torch.allclose(h, final, atol=1e-10)
+
+
+def test_mamba_mixer_parameters_follow_the_paper():
+    mixer = seqzoo.registry().create("mixer", {"kind": "mamba", "state": 8, "conv": 3, "expand": 2}, 32)
+    assert mixer.in_proj.weight.shape == (128, 32) and mixer.conv1d.weight.shape == (64, 1, 3)
+    assert mixer.x_proj.weight.shape == (2 + 16, 64) and mixer.dt_proj.weight.shape == (64, 2)
+    assert torch.allclose(-torch.exp(mixer.A_log[0]), -torch.arange(1, 9.0))
+    dt = F.softplus(mixer.dt_proj.bias)
+    assert dt.min() >= 0.001 - 1e-6 and dt.max() <= 0.1 + 1e-6
