@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import seqzoo
 from seqzoo.plugins.mixer._selective_scan import LOG_DECAY_LIMIT, chunk_length, selective_scan, selective_step
+from seqzoo.plugins.mixer._ssd import ssd_scan, ssd_step
 
 
 def sequential(u, dt, A, B, C, h):
@@ -78,3 +79,55 @@ def test_mamba_mixer_parameters_follow_the_paper():
     assert torch.allclose(-torch.exp(mixer.A_log[0]), -torch.arange(1, 9.0))
     dt = F.softplus(mixer.dt_proj.bias)
     assert dt.min() >= 0.001 - 1e-6 and dt.max() <= 0.1 + 1e-6
+
+
+# -- Mamba-2's SSD --------------------------------------------------------------------------------
+def ssd_sequential(x, dt, a, B, C, h):
+    """The SSD recurrence one token at a time: head h reads group h // (H / G)."""
+    reps = x.shape[2] // B.shape[2]
+    Bh, Ch = B.repeat_interleave(reps, 2), C.repeat_interleave(reps, 2)
+    ys = []
+    for t in range(x.shape[1]):
+        h = torch.exp(dt[:, t] * a)[..., None, None] * h + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None]
+        ys.append(torch.einsum("bhpn,bhn->bhp", h, Ch[:, t]))
+    return torch.stack(ys, 1), h
+
+
+def ssd_inputs(scale: float, length: int = 50):
+    g = torch.Generator().manual_seed(2)
+    b, heads, width, groups, n = 2, 6, 3, 2, 4
+    d = torch.float64
+    x = torch.randn(b, length, heads, width, generator=g, dtype=d)
+    dt = F.softplus(torch.randn(b, length, heads, generator=g, dtype=d)) * scale
+    a = -torch.rand(heads, generator=g, dtype=d) * 8
+    B, C = (torch.randn(b, length, groups, n, generator=g, dtype=d) for _ in range(2))
+    return x, dt, a, B, C, torch.randn(b, heads, width, n, generator=g, dtype=d)
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 50.0])  # decays from negligible to e^-400 per step
+def test_ssd_equals_the_sequential_recurrence_in_float64(scale):
+    x, dt, a, B, C, h = ssd_inputs(scale)
+    expected, final = ssd_sequential(x, dt, a, B, C, h)
+    for chunk in (1, 7, 64):
+        y, last = ssd_scan(x, dt, a, B, C, h, chunk=chunk)
+        assert torch.isfinite(y).all()
+        assert (y - expected).abs().max() < 1e-10 * expected.abs().max()
+        assert (last - final).abs().max() < 1e-10 * final.abs().max()
+
+
+def test_ssd_decode_steps_equal_the_scan():
+    x, dt, a, B, C, h = ssd_inputs(1.0, length=9)
+    expected, final = ssd_scan(x, dt, a, B, C, h)
+    for t in range(9):
+        y, h = ssd_step(x[:, t], dt[:, t], a, B[:, t], C[:, t], h)
+        assert torch.allclose(y, expected[:, t], atol=1e-10)
+    assert torch.allclose(h, final, atol=1e-10)
+
+
+def test_mamba2_gated_norm_normalises_each_group():
+    mixer = seqzoo.registry().create("mixer", {"kind": "mamba2", "state": 4, "head_dim": 8, "groups": 2}, 16)
+    assert mixer.heads == 4 and mixer.in_proj.weight.shape == (32 + 32 + 2 * 2 * 4 + 4, 16)
+    y, z = torch.randn(3, 32), torch.randn(3, 32)
+    gated = (y * F.silu(z)).view(3, 2, 16)
+    expected = (gated / gated.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()).view(3, 32)
+    assert torch.allclose(mixer.norm(y, z), expected, atol=1e-6)

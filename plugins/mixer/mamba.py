@@ -38,6 +38,18 @@ class MambaState(MixerState):
         self.conv, self.ssm = self.conv.index_select(0, rows), self.ssm.index_select(0, rows)
 
 
+def causal_conv(conv1d: nn.Conv1d, u: Tensor, state: MambaState | None) -> Tensor:
+    """A causal depthwise conv over u (B, T, E), preceded by the state's last K − 1 inputs (zeros
+    at the start), which it then replaces."""
+    u = u.transpose(1, 2)  # (B, E, T)
+    keep = conv1d.kernel_size[0] - 1
+    before = state.conv.to(u.dtype) if state is not None else u.new_zeros(u.shape[0], u.shape[1], keep)
+    window = torch.cat([before, u], dim=-1)  # (B, E, K − 1 + T)
+    if state is not None:
+        state.conv = window[..., window.shape[-1] - keep:]
+    return conv1d(window).transpose(1, 2)
+
+
 class Mamba(Mixer):
     """state: N, the state features per channel (16). conv: K, the conv kernel (4). expand: E / C (2).
     dt_rank: R (null = ⌈C / 16⌉). bias: biases on in_proj and out_proj (false). conv_bias (true).
@@ -82,7 +94,7 @@ class Mamba(Mixer):
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
         if real is not None:
             u = u * real
-        u = F.silu(self._conv(u, state))
+        u = F.silu(causal_conv(self.conv1d, u, state))
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.state_size, self.state_size], dim=-1)
         dt = F.softplus(self.dt_proj(dt))  # (B, T, E)
         if real is not None:
@@ -98,17 +110,6 @@ class Mamba(Mixer):
             state.ssm = final
         y = (y.to(x.dtype) + u * self.D.to(x.dtype)) * F.silu(z)
         return self.out_proj(y)
-
-    def _conv(self, u: Tensor, state: MambaState | None) -> Tensor:
-        """The causal depthwise conv over u (B, T, E), preceded by the state's last K − 1 inputs
-        (zeros at the start), which it then replaces."""
-        u = u.transpose(1, 2)  # (B, E, T)
-        before = (state.conv.to(u.dtype) if state is not None
-                  else u.new_zeros(u.shape[0], self.inner, self.kernel - 1))
-        window = torch.cat([before, u], dim=-1)  # (B, E, K − 1 + T)
-        if state is not None:
-            state.conv = window[..., window.shape[-1] - (self.kernel - 1):]
-        return self.conv1d(window).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"inner={self.inner}, state={self.state_size}, conv={self.kernel}, dt_rank={self.dt_rank}"

@@ -1,0 +1,121 @@
+"""Mamba-2 (Dao & Gu, 2024): the state-space dual layer as a token mixer.
+
+    z, xBC, Δ = in_proj(h)                 z (E), xBC (E + 2·G·N), Δ (H); E = expand·C, H = E / P
+    x, B, C = SiLU(causal depthwise conv1d(xBC))
+    Δ = softplus(Δ + dt_bias)              one step size per head and token
+    y = SSD(x, Δ, a, B, C) + D ⊙ x         a = −exp(A_log), a scalar per head; see ``_ssd``
+    out = out_proj(RMSNorm_G(y ⊙ SiLU(z)))  gated RMSNorm over each of the G groups
+
+Heads are P wide; the G groups of heads share B and C (as grouped-query attention shares K and V).
+The decoding state is the last K − 1 conv inputs and an (H, P, N) state per row.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import seqzoo
+from seqzoo.errors import ConfigError
+from seqzoo.interfaces import Mixer, MixerContext
+from seqzoo.nn.linear import Linear
+from seqzoo.schema import PositiveFloat, PositiveInt
+
+from ._ssd import ssd_scan, ssd_step
+from .mamba import MambaState, causal_conv
+
+
+class GatedRMSNorm(nn.Module):
+    """y ⊙ SiLU(z), then RMS-normalised over each group of E / G features, times a weight (E,)."""
+
+    def __init__(self, dim: int, groups: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.groups, self.eps = groups, eps
+
+    def forward(self, y: Tensor, z: Tensor) -> Tensor:
+        wide = torch.promote_types(y.dtype, torch.float32)  # bf16 in, float32 statistics
+        gated = (y.to(wide) * F.silu(z.to(wide))).unflatten(-1, (self.groups, -1))
+        normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.flatten(-2).to(y.dtype)
+
+
+class Mamba2(Mixer):
+    """state: N (128). head_dim: P (64). groups: G, of heads sharing B and C (1). conv: K (4).
+    expand: E / C (2). bias: on in_proj/out_proj (false). conv_bias (true). norm_eps: the gated
+    RMSNorm's ε (1e-5). dt_min, dt_max: initial step range (0.001, 0.1). dt_limit: [lo, hi] clamp
+    of Δ (null: none). chunk: the SSD chunk length (64)."""
+
+    causal_only = True
+    own_init = True  # A, D and the Δ bias have initialisations of their own
+    example_params = {"state": 8, "head_dim": 8, "groups": 2}  # heads that fit the kit's width
+
+    def __init__(self, dim: int, state: PositiveInt = 128, head_dim: PositiveInt = 64, groups: PositiveInt = 1,
+                 conv: PositiveInt = 4, expand: PositiveInt = 2, bias: bool = False, conv_bias: bool = True,
+                 norm_eps: PositiveFloat = 1e-5, dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1,
+                 dt_limit: list[float] | None = None, chunk: PositiveInt = 64) -> None:
+        super().__init__(dim)
+        inner = expand * dim
+        if inner % head_dim or (inner // head_dim) % groups:
+            raise ConfigError(f"mamba2: expand·dim = {inner} must split into heads of head_dim={head_dim}, "
+                              f"and their number into groups={groups}")
+        self.inner, self.heads, self.head_dim, self.groups = inner, inner // head_dim, head_dim, groups
+        self.state_size, self.kernel, self.chunk = state, conv, chunk
+        self.dt_limit = tuple(dt_limit) if dt_limit is not None else None
+        self.conv_dim = inner + 2 * groups * state
+        self.in_proj = Linear(dim, inner + self.conv_dim + self.heads, bias=bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv, groups=self.conv_dim, bias=conv_bias)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, self.heads + 1, dtype=torch.float32)))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        dt = torch.exp(torch.rand(self.heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹ of the initial Δ
+        self.norm = GatedRMSNorm(inner, groups, norm_eps)
+        self.out_proj = Linear(inner, dim, bias=bias)
+
+    def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
+                  dtype: torch.dtype | None = None) -> MambaState:
+        """Zero conv inputs (B, E + 2GN, K − 1) and a zero (B, H, P, N) state; no ``max_len``."""
+        dtype = dtype or self.in_proj.weight.dtype
+        return MambaState(torch.zeros(batch, self.conv_dim, self.kernel - 1, device=device, dtype=dtype),
+                          torch.zeros(batch, self.heads, self.head_dim, self.state_size, device=device,
+                                      dtype=torch.promote_types(dtype, torch.float32)))
+
+    def forward(self, x: Tensor, context: MixerContext, state: MambaState | None = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C); continues from and updates ``state``."""
+        batch, length, _ = x.shape
+        real = None if context.padding is None else context.padding.to(x.dtype)[..., None]  # (B, T, 1)
+        z, xBC, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
+        if real is not None:
+            xBC = xBC * real
+        xBC = F.silu(causal_conv(self.conv1d, xBC, state))
+        u, B, C = xBC.split([self.inner, self.groups * self.state_size, self.groups * self.state_size], dim=-1)
+        dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
+        if self.dt_limit is not None:
+            dt = dt.clamp(*self.dt_limit)
+        if real is not None:
+            dt = dt * real  # Δ = 0: the state neither decays nor takes input
+        a = -torch.exp(self.A_log.float())
+        u = u.unflatten(-1, (self.heads, self.head_dim))           # (B, T, H, P)
+        B, C = (t.unflatten(-1, (self.groups, self.state_size)) for t in (B, C))
+        start = None if state is None else state.ssm
+        if length == 1 and start is not None:
+            y, final = ssd_step(u[:, 0], dt[:, 0], a, B[:, 0], C[:, 0], start)
+            y = y[:, None]
+        else:
+            y, final = ssd_scan(u, dt, a, B, C, start, self.chunk)
+        if state is not None:
+            state.ssm = final
+        y = y.to(x.dtype) + u * self.D.to(x.dtype)[:, None]
+        return self.out_proj(self.norm(y.reshape(batch, length, self.inner), z))
+
+    def extra_repr(self) -> str:
+        return (f"inner={self.inner}, heads={self.heads}, head_dim={self.head_dim}, groups={self.groups}, "
+                f"state={self.state_size}, conv={self.kernel}")
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("mixer", "mamba2", Mamba2,
+                             summary="Mamba-2 state-space dual: scalar decay per head, grouped B/C, chunked SSD")]
