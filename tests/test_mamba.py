@@ -131,3 +131,31 @@ def test_mamba2_gated_norm_normalises_each_group():
     gated = (y * F.silu(z)).view(3, 2, 16)
     expected = (gated / gated.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()).view(3, 32)
     assert torch.allclose(mixer.norm(y, z), expected, atol=1e-6)
+
+
+# -- linear attention -----------------------------------------------------------------------------
+@pytest.mark.parametrize("feature_map,decay", [("elu", None), ("elu", "retnet"), ("identity", "retnet")])
+def test_linear_attention_equals_its_quadratic_form(feature_map, decay):
+    """y_t = Σ_{s≤t} γ^(t−s) (φ(q_t)·φ(k_s)) v_s, divided by the same sum without v for elu."""
+    spec = {"kind": "linear_attention", "heads": 3, "feature_map": feature_map, "decay": decay, "chunk": 5}
+    mixer = seqzoo.registry().create("mixer", spec, 12).double()
+    x = torch.randn(2, 13, 12, dtype=torch.float64)
+    q, k, v = mixer.qkv_proj(x).unflatten(-1, (3, 3, 4)).unbind(2)  # (B, T, H, D)
+    phi = (lambda t: F.elu(t) + 1) if feature_map == "elu" else (lambda t: t)
+    scores = torch.einsum("bthd,bshd->bhts", phi(q), phi(k))
+    if feature_map == "identity":
+        scores = scores / 2.0  # q · D^-1/2, D = 4
+    t = torch.arange(13, dtype=torch.float64)
+    gamma = torch.exp(mixer.log_decay.double())[:, None, None]
+    weights = (gamma ** (t[:, None] - t[None]).clamp(min=0)) * (t[:, None] >= t[None])
+    scores = scores * weights
+    y = torch.einsum("bhts,bshd->bthd", scores, v)
+    if feature_map == "elu":
+        y = y / scores.sum(-1).transpose(1, 2)[..., None]
+    expected = mixer.out_proj(y.flatten(2))
+    context = seqzoo.interfaces.MixerContext(position=None, q_pos=t[None], k_pos=t[None], mask=None, causal=True,
+                                            prepared={})
+    assert torch.allclose(mixer(x, context), expected, atol=1e-10)
+    if decay == "retnet":
+        expected_gamma = torch.tensor([1 - 2 ** -5, 1 - 2 ** -6, 1 - 2 ** -7], dtype=torch.float64)
+        assert torch.allclose(gamma.flatten(), expected_gamma)
