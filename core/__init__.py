@@ -25,6 +25,7 @@ from .hookspecs import hookimpl
 from .io.build import build
 from .io.checkpoint import load, save
 from .io.hf import from_hf, to_hf
+from .nn.fill_mask import fill_mask
 from .nn.generation import generate
 from .registry import Component, Plugin, Registry, load_plugin, registry, tokenizer
 
@@ -36,5 +37,5 @@ __all__ = [
     "CheckpointError", "Component", "ConfigError", "InputError", "Plugin", "RecipeError", "Registry",
     "RegistryError", "SeqzooError", "build", "generate", "hookimpl", "load", "load_plugin", "registry",
     "save", "tokenizer",
-    "from_hf", "to_hf",
+    "from_hf", "to_hf", "fill_mask",
 ]

@@ -273,7 +273,8 @@ class Mixer(nn.Module):
     #: encoder (bidirectional) stack, and the stack refuses them there.
     causal_only: bool = False
     #: The sliding window W the stack masks this layer's attention with (a query sees itself and
-    #: the W − 1 keys before it), or None; mixers that do not attend leave it None.
+    #: the W − 1 keys before it; in a bidirectional stack, W − 1 on each side), or None; mixers
+    #: that do not attend leave it None.
     window: int | None = None
 
     def __init__(self, dim: int) -> None:
@@ -296,6 +297,11 @@ class RopeScaling(nn.Module):
     Constructor: ``(**params)`` only. It changes the rotation frequencies ω_k and may return an
     amplitude ``attention_factor`` that multiplies both cos and sin (so logits scale by its square).
     """
+
+    #: A sequence length at which the rule switches frequencies, making keys cached before it
+    #: stale (LongRoPE's L): ``generate`` re-encodes the whole sequence once, at the step that
+    #: first takes it past this length, as transformers' Phi-3 does. None: cached keys stay valid.
+    stale_after: int | None = None
 
     def frequencies(self, inv_freq: Tensor, *, rotary_dim: int, base: float, max_seq_len: int,
                     positions: Tensor) -> tuple[Tensor, float]:
@@ -403,12 +409,19 @@ class Tokenizer:
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
+    #: The id of the mask token masked-LM models predict ([MASK], <mask>), or None.
+    mask_id: int | None = None
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError(f"{type(self).__name__} must implement encode(text)")
 
     def decode(self, ids: list[int]) -> str:
         raise NotImplementedError(f"{type(self).__name__} must implement decode(ids)")
+
+    def special_ids(self) -> set[int]:
+        """The ids of special tokens ([CLS], [SEP], padding, ...), which masked-LM training never
+        masks: pad, bos, eos and mask here; tokenizers with more special tokens add theirs."""
+        return {i for i in (self.pad_id, self.bos_id, self.eos_id, self.mask_id) if i is not None}
 
 
 class Task:
@@ -487,6 +500,26 @@ class LanguageModel(nn.Module):
 
     def tie_weights(self) -> None:
         """Re-tie shared weights (the LM head and the embedding) after a move or a load."""
+
+
+class MaskedLanguageModel(nn.Module):
+    """What ``seqzoo.fill_mask`` and the masked-LM objective of ``seqzoo train`` rely on in a
+    bidirectional model (the built-in ``encoder``; a plugin's model subclasses it to be trained
+    and queried the same way).
+
+    ``forward(input_ids, attention_mask=None, token_type_ids=None, *, head=False, select=None)``
+    returns the hidden states (B, T, C); with ``head=True`` the masked-LM logits (B, T, V), or
+    (N, V) at the N positions where ``select`` (B, T) is true (training scores only those).
+    ``attention_mask`` (B, T) is 1 for real tokens.
+    """
+
+    #: Whether the model has a masked-LM head (an encoder built without one predicts nothing).
+    has_mlm_head: bool = False
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most tokens the model reads at once (a learned position table), or None."""
+        return None
 
 
 # The base class each kind's components must subclass (kinds not listed are unconstrained).

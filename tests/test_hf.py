@@ -40,17 +40,8 @@ def llama(**kw):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**SMALL, **kw}))
 
 
-def randomised_norms(model):
-    """HF starts norm weights at ones; random ones test that each maps to the right place."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.uniform_(0.5, 1.5)
-    return model
-
-
 def qwen3(**kw):
-    return randomised_norms(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**SMALL, **kw})))
+    return parity.randomised(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**SMALL, **kw})))
 
 
 # name -> (build the HF model, sequence length)
@@ -75,7 +66,7 @@ DECODERS = {
     "qwen3": (lambda: qwen3(head_dim=16), T),
     "qwen3-tied-biases": (lambda: qwen3(head_dim=8, tie_word_embeddings=True, attention_bias=True), T),
     # norms on the sublayer outputs only, QK-norm over the whole projection
-    "olmo2": (lambda: randomised_norms(transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SMALL))), T),
+    "olmo2": (lambda: parity.randomised(transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SMALL))), T),
     "bloom": (lambda: transformers.BloomForCausalLM(transformers.BloomConfig(
         vocab_size=V, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2,
         pad_token_id=0)), T),
@@ -86,35 +77,14 @@ NO_POSITION_IDS = {"bloom"}  # BLOOM's forward takes no position_ids (ALiBi read
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """name -> the converter kit's Imported(hf, model, folder), built once per module."""
-    cache = {}
-
-    def get(name: str) -> parity.Imported:
-        if name not in cache:
-            torch.manual_seed(0)
-            cache[name] = parity.import_reference(DECODERS[name][0](), tmp_path_factory.mktemp(name) / "hf")
-        return cache[name]
-
-    return get
+    return parity.cached_imports(lambda name: DECODERS[name][0](), tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", DECODERS)
-def test_decoder_logits_match_transformers(imported, name):
-    parity.check_logits(imported(name), DECODERS[name][1])
-
-
-@pytest.mark.parametrize("name", DECODERS)
-def test_decoder_logits_match_transformers_on_a_left_padded_batch(imported, name):
-    parity.check_padded_logits(imported(name), DECODERS[name][1], position_ids=name not in NO_POSITION_IDS)
-
-
-@pytest.mark.parametrize("name", DECODERS)
-def test_exported_decoder_loads_in_transformers_with_the_same_logits(imported, name, tmp_path):
-    parity.check_export(imported(name), tmp_path / "out", DECODERS[name][1])
-
-
-@pytest.mark.parametrize("name", DECODERS)
-def test_greedy_decoding_equals_transformers_for_32_steps_with_and_without_the_cache(imported, name):
-    parity.check_greedy(imported(name))
+def test_decoder_matches_transformers_decodes_alike_and_exports(imported, name, tmp_path):
+    """Logits plain and left-padded, 32 greedy steps with and without the KV cache, the export."""
+    parity.check_causal_lm(imported(name), tmp_path / "out", DECODERS[name][1],
+                           position_ids=name not in NO_POSITION_IDS)
 
 
 def test_imported_recipe_names_the_family_components(imported):
@@ -242,12 +212,17 @@ def test_bert_without_pooler_imports_with_pooler_false(tmp_path):
         assert (model(**batch) - hf(**batch).last_hidden_state).abs().max() < TOL
 
 
-def test_bert_task_checkpoint_reports_its_head_as_unexpected(tmp_path):
+def test_bert_masked_lm_checkpoint_imports_its_head(tmp_path):
+    """The head's own parity tests: tests/test_hf_encoders.py."""
     config = transformers.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1,
                                      num_attention_heads=4, intermediate_size=64)
-    transformers.BertForMaskedLM(config).save_pretrained(tmp_path)
-    with pytest.raises(seqzoo.CheckpointError, match=r"unexpected tensors: cls\.predictions"):
-        seqzoo.from_hf(tmp_path)
+    hf = transformers.BertForMaskedLM(config).eval()
+    hf.save_pretrained(tmp_path)
+    model = seqzoo.from_hf(tmp_path)
+    assert model.recipe["model"]["mlm_head"] is not None
+    ids = torch.randint(3, V, (2, T))
+    with torch.no_grad():
+        assert (model.mlm_logits(ids) - hf(ids).logits).abs().max() < TOL
 
 
 # -- T5 ------------------------------------------------------------------------------------------

@@ -40,8 +40,9 @@ def edit_tensors(folder, change):
 def test_unsupported_model_type_lists_the_supported_ones(gpt2_folder):
     edit_config(gpt2_folder, model_type="gptj")
     with pytest.raises(seqzoo.CheckpointError,
-                       match=r"model_type 'gptj' is not supported; supported: bert, bloom, gpt2, llama, "
-                             r"mistral, olmo2, qwen2, qwen3, t5"):
+                       match=r"model_type 'gptj' is not supported; supported: bert, bloom, gemma2, gemma3_text, "
+                             r"gpt2, gpt_neox, llama, mistral, modernbert, olmo2, phi3, qwen2, qwen3, roberta, "
+                             r"smollm3, t5, xlm-roberta"):
         seqzoo.from_hf(gpt2_folder)
 
 

@@ -49,7 +49,7 @@ def test_stack_shares_one_scheme_per_distinct_configuration():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model.layers=3", r"tiny-gemma2\.yaml:\d+: model\.pattern: 2 entries do not divide layers=3"),
+    ("model.layers=1", r"tiny-gemma2\.yaml:\d+: model\.pattern: 2 entries for layers=1; the pattern names one"),
     ("model.pattern=[local, globl]", r"model\.pattern\.1: unknown layer type 'globl'; did you mean 'global'\?"),
     ("model.layer_types.local.atention={window: 3}",
      r"model\.layer_types\.local\.atention: unknown layer part 'atention'; did you mean 'attention'\?"),
@@ -78,6 +78,15 @@ def test_show_prints_the_layout_compactly(capsys):
     assert "\nlayers 0-4 local (window 8, rope 10000) · 5 global ×2\n" in capsys.readouterr().out
     assert describe_layout(resolve("tiny-smollm3").data["model"]) == "layers 0-2 rope · 3 nope"
     assert describe_layout(resolve("tiny-gpt").data["model"]) is None
+
+
+def test_a_pattern_that_does_not_divide_the_layers_cuts_its_last_period_short():
+    """Gemma 3 1B: 26 layers, every 6th global — layer i takes pattern[i % 6], as HF configs do."""
+    model = resolve("tiny-gemma3", ["model.layers=8"]).data["model"]
+    windows = [plan.attention.window for plan in layer_plan(model)]
+    assert windows == [8, 8, 8, 8, 8, None, 8, 8]
+    assert describe_layout(model) == ("layers 0-4 local (window 8, rope 10000) · 5 global · "
+                                      "6-7 local (window 8, rope 10000)")
 
 
 # -- the recurrent mixer as a layer ---------------------------------------------------------------------

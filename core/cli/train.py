@@ -10,6 +10,7 @@ import torch
 
 from ..errors import CheckpointError, InputError
 from ..files import write_text_atomic
+from ..interfaces import MaskedLanguageModel
 from ..io.build import instantiate
 from ..io.checkpoint import load, load_weights, read_metadata, read_recipe
 from ..recipe import resolve
@@ -134,6 +135,8 @@ def _cmd_train(args) -> int:
         summary += f", exact match {result.eval['accuracy']:.3f}"
     print(f"{summary} ({result.seconds:.1f} s)", file=sys.stderr if args.quiet else sys.stdout)
     if args.output:
-        print(f"saved {args.output}; try it:\n  seqzoo generate {shlex.quote(args.output)} "
-              f"--prompt {shlex.quote(result.example_prompt)}")
+        command = "fill-mask" if isinstance(model, MaskedLanguageModel) else "generate"
+        option = "--text" if command == "fill-mask" else "--prompt"
+        print(f"saved {args.output}; try it:\n  seqzoo {command} {shlex.quote(args.output)} "
+              f"{option} {shlex.quote(result.example_prompt)}")
     return 0

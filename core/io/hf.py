@@ -58,13 +58,24 @@ class Rule:
     """seqzoo tensor ``target`` = ``load(*hf tensors named by sources)``; ``save`` inverts it.
 
     ``save`` must work on any tensor of the target's shape (meta tensors included): the import
-    checks the stored shapes against ``save`` applied to the freshly built model.
+    checks the stored shapes against ``save`` applied to the freshly built model. A tuple
+    ``target`` names several seqzoo tensors made together (parts of one fused HF tensor, see
+    ``split``): ``load`` returns one tensor per target and ``save`` takes them all.
     """
 
-    target: str
+    target: str | tuple[str, ...]
     sources: tuple[str, ...]
-    load: Callable[..., Tensor] = lambda tensor: tensor
-    save: Callable[[Tensor], tuple[Tensor, ...]] = _one
+    load: Callable[..., Tensor | tuple[Tensor, ...]] = lambda tensor: tensor
+    save: Callable[..., tuple[Tensor, ...]] = _one
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.target if isinstance(self.target, tuple) else (self.target,)
+
+    def load_all(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+        """One tensor per target from the HF tensors named by ``sources``."""
+        out = self.load(*tensors)
+        return tuple(out) if isinstance(self.target, tuple) else (out,)
 
 
 def copy(target: str, source: str) -> Rule:
@@ -81,6 +92,23 @@ def fused(target: str, sources: tuple[str, ...], sizes: tuple[int, ...]) -> Rule
     """Separate projections (q, k, v) stacked along the output dim: [q (H·D) | k (K·D) | v (K·D)]."""
     return Rule(target, tuple(sources), lambda *parts: torch.cat(parts, dim=0),
                 lambda t: tuple(t.split(list(sizes), dim=0)))
+
+
+def split(targets: tuple[str, ...], source: str, sizes: tuple[int, ...]) -> Rule:
+    """One HF tensor holding several seqzoo tensors stacked along the output dim (ModernBERT's and
+    Phi-3's fused [gate | up]): split on import, concatenated again on export."""
+    return Rule(tuple(targets), (source,), lambda t: tuple(t.split(list(sizes), dim=0)),
+                lambda *parts: (torch.cat(parts, dim=0),))
+
+
+def fused_per_head(target: str, source: str, heads: int) -> Rule:
+    """q/k/v fused per head (BLOOM, GPT-NeoX): the HF projection's output rows are [H, 3, D]
+    (head-major), seqzoo's ``qkv_proj`` rows [3, H, D] ([q | k | v]); a weight or a bias,
+    reordered both ways."""
+    def regroup(t: Tensor, outer: int, inner: int) -> Tensor:  # rows [outer, inner, D] -> [inner, outer, D]
+        return t.reshape(outer, inner, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+    return Rule(target, (source,), lambda t: regroup(t, heads, 3), lambda t: (regroup(t, 3, heads),))
 
 
 def linear(target: str, source: str, bias: bool, *, transpose: bool = False) -> list[Rule]:
@@ -163,6 +191,20 @@ def ffn_activation(ffn: dict, tanh_name: str = "gelu_new") -> tuple[str, bool] |
     return None
 
 
+def activation_spec(name: Any) -> str | dict:
+    """seqzoo's ``activation`` spec for a Hugging Face activation name (``hidden_act``)."""
+    ffn = mlp_ffn(name, 1, True)
+    if ffn["kind"] == "gelu":
+        return {"kind": "gelu", "approximate": ffn["approximate"]}
+    return ffn["kind"] if ffn["kind"] == "relu" else ffn["activation"]
+
+
+def activation_name(spec: Any, tanh_name: str = "gelu_new") -> str | None:
+    """The Hugging Face name of a resolved ``activation`` spec, or None when it has none."""
+    found = ffn_activation({"kind": "mlp", "activation": spec}, tanh_name)
+    return found[0] if found else None
+
+
 def kind_of(spec: Any) -> str | None:
     """The component name of a spec: ``"rope"`` for ``"rope"`` or ``{kind: rope, ...}``."""
     return spec if isinstance(spec, str) else spec.get("kind") if isinstance(spec, dict) else None
@@ -216,6 +258,14 @@ def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, t
 
 
 
+def layer_pattern(kinds: list) -> list:
+    """The shortest ``pattern`` whose repetition (layer i takes pattern[i % len]) gives each layer's
+    kind — how Hugging Face configs repeat their per-layer lists (``layer_types``,
+    ``no_rope_layers``), a last period cut short included: Gemma 3 1B's 26 layers -> 6 entries."""
+    return next(kinds[:p] for p in range(1, len(kinds) + 1)
+                if all(kind == kinds[i % p] for i, kind in enumerate(kinds)))
+
+
 def plain_attention_problem(model: dict, family: str, *, biases: bool, any_head_dim: bool = False) -> str | None:
     """Why ``model.attention`` is not the attention of the 2017–2022 families (GPT-2, BERT, BLOOM,
     T5, GPT-NeoX) — as many K/V heads as query heads, each C/H wide (any width: ``any_head_dim``,
@@ -251,6 +301,14 @@ class HFConverter:
     #: Regexes of tensors some checkpoints carry that hold no weights (old buffers such as
     #: ``position_ids``, ``rotary_emb.inv_freq``, GPT-2's ``attn.bias`` mask).
     ignored: ClassVar[tuple[str, ...]] = ()
+    #: Tensors some checkpoints carry that seqzoo knowingly leaves out, as {regex: what they are}
+    #: (BERT pre-training's next-sentence head): the import skips them and says in one warning
+    #: line what it dropped.
+    dropped: ClassVar[dict[str, str]] = {}
+    #: Exported when named (``model_type=``, ``--model-type``), and picked by ``to_hf`` on its own
+    #: only when no other family fits: a family whose models mostly have another family's layout
+    #: (xlm-roberta has roberta's; a Phi-3 without LongRoPE or partial rotary is a LLaMA or Mistral).
+    named_only: ClassVar[bool] = False
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
         """The seqzoo recipe (``model`` section at least) for ``config``. ``names`` are the
@@ -284,7 +342,8 @@ class HFConverter:
     def to_seqzoo(self, hf_tensors: Mapping[str, Tensor], config: dict) -> dict[str, Tensor]:
         """seqzoo state dict from canonical Hugging Face tensors (no checks; ``from_hf`` checks)."""
         recipe = resolve(full_recipe(self, config, None, list(hf_tensors))).data
-        return {r.target: r.load(*(hf_tensors[s] for s in r.sources)) for r in self.rules(config, recipe)}
+        return {t: x for r in self.rules(config, recipe)
+                for t, x in zip(r.targets, r.load_all(*(hf_tensors[s] for s in r.sources)), strict=True)}
 
     def to_hf(self, model: nn.Module) -> tuple[dict, dict[str, Tensor]]:
         """(config.json dict, Hugging Face tensors) for a seqzoo model this converter accepts."""
@@ -294,7 +353,8 @@ class HFConverter:
         _check_coverage(self, model, rules)
         tensors: dict[str, Tensor] = {}
         for rule in rules:
-            for name, tensor in zip(rule.sources, rule.save(state[rule.target].detach()), strict=True):
+            saved = rule.save(*(state[t].detach() for t in rule.targets))
+            for name, tensor in zip(rule.sources, saved, strict=True):
                 tensors[name] = tensor.to("cpu").contiguous().clone()  # clone: split views share memory
         return config, tensors
 
@@ -323,7 +383,7 @@ def _check_coverage(converter: HFConverter, model: nn.Module, rules: list[Rule])
     """Every seqzoo tensor must be made by a rule, or share its memory with one that is (a tied
     head); a converter that misses one would leave random weights behind."""
     state = model.state_dict()
-    targets = {r.target for r in rules}
+    targets = {t for r in rules for t in r.targets}
 
     def where(t: Tensor) -> tuple:
         return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)
@@ -502,8 +562,9 @@ def from_hf(path: str | os.PathLike, *, device: str | torch.device | None = None
         state = model.state_dict()
         with torch.no_grad():
             for rule in rules:
-                tensor = rule.load(*(weights[renamed[s]] for s in rule.sources))
-                state[rule.target].copy_(tensor.to(dtype=state[rule.target].dtype))
+                tensors = rule.load_all(*(weights[renamed[s]] for s in rule.sources))
+                for target, tensor in zip(rule.targets, tensors, strict=True):
+                    state[target].copy_(tensor.to(dtype=state[target].dtype))
     text = folder / TOKENIZER
     if text.is_file():
         model.tokenizer_state = text.read_text(encoding="utf-8")
@@ -522,8 +583,8 @@ def _check_weights(converter: HFConverter, config: dict, folder: Path, model: nn
     expected: dict[str, tuple[int, ...]] = {}
     for rule in rules:
         # Shapes only: saving a meta copy costs nothing (a fused qkv reorder would copy real data).
-        meta = torch.empty_like(state[rule.target], device="meta")
-        for name, tensor in zip(rule.sources, rule.save(meta), strict=True):
+        meta = [torch.empty_like(state[t], device="meta") for t in rule.targets]
+        for name, tensor in zip(rule.sources, rule.save(*meta), strict=True):
             expected[name] = tuple(tensor.shape)
     names = dict(stored)
     problems = []
@@ -537,20 +598,27 @@ def _check_weights(converter: HFConverter, config: dict, folder: Path, model: nn
                                 f"(set tie_word_embeddings: false in config.json to keep both)")
     ignored = [re.compile(p) for p in converter.ignored]
     missing = sorted(n for n in expected if n not in names)
-    unexpected = sorted(n for n in names if n not in expected and n not in aliases
-                        and not any(p.search(n) for p in ignored))
+    extra = [n for n in names if n not in expected and n not in aliases and not any(p.search(n) for p in ignored)]
+    dropped = {what: sorted(n for n in extra if re.search(p, n)) for p, what in converter.dropped.items()}
+    dropped = {what: found for what, found in dropped.items() if found}
+    unexpected = sorted(n for n in extra if not any(n in found for found in dropped.values()))
     shapes = sorted(f"{n} {weights.shape(names[n])} != {shape}" for n, shape in expected.items()
                     if n in names and weights.shape(names[n]) != shape)
     problems += mismatches(missing, unexpected, shapes, against="config")
     if problems:
         raise CheckpointError(f"{folder}: weights do not match its {converter.model_type} config: "
                               + "; ".join(problems))
+    if dropped:
+        what = "; ".join(f"{what} ({few(found)})" for what, found in dropped.items())
+        warnings.warn(f"{folder}: dropped {what}: seqzoo's {model.recipe['model']['kind']} has no place "
+                      f"for it", stacklevel=3)
     return names
 
 
 # -- export ----------------------------------------------------------------------------------------
 def exporter_for(model: nn.Module, model_type: str | None = None) -> HFConverter:
-    """The converter that exports ``model``: the one named, or the only one that accepts it."""
+    """The converter that exports ``model``: the one named, or the only one that accepts it
+    (named-only families count when no other family accepts it)."""
     recipe = getattr(model, "recipe", None)
     if recipe is None:
         raise SeqzooError("model has no .recipe; build, load or import it with seqzoo")
@@ -561,14 +629,15 @@ def exporter_for(model: nn.Module, model_type: str | None = None) -> HFConverter
             raise CheckpointError(f"cannot export as {model_type}: {reason}")
         return converter
     reasons = {}
-    accepting = []
+    accepting, named_only = [], []
     for name in supported():
         converter = converter_for(name)
         reason = converter.accepts(recipe)
         if reason is None:
-            accepting.append(converter)
-        else:
+            (named_only if converter.named_only else accepting).append(converter)
+        elif not converter.named_only:
             reasons[name] = reason
+    accepting = accepting or named_only  # a named-only family only when it alone fits
     if len(accepting) == 1:
         return accepting[0]
     if accepting:

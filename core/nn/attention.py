@@ -29,7 +29,9 @@ class AttentionConfig:
     head_dim: D (null = dim // heads). score: the score component (default ``scaled_dot``).
     bias: biases on the q/k/v projections, and on the output projection unless ``out_bias`` says
     otherwise (null = same as bias; Qwen2 has q/k/v biases but none on the output). window:
-    sliding window W — a query sees itself and the W - 1 keys before it (null = unlimited).
+    sliding window W — a query sees itself and the W - 1 keys before it (null = unlimited); in a
+    bidirectional (encoder) stack the window is symmetric: keys j with |i - j| < W, so W - 1 on
+    each side (ModernBERT's local_attention L is W = L // 2 + 1).
     dropout: on attention weights while training.
     qk_norm: a norm applied to q and k before the position hook, or null; qk_norm_scope says over
     what: ``head`` — each head's D features, one weight shared by the heads (Qwen3, Gemma 3) —
@@ -102,7 +104,8 @@ def self_attention_inputs(
     if causal:
         allowed &= k_slot <= q_slot
     if window is not None:
-        allowed &= (q_slot - k_slot) < window
+        # Causal: itself and the W - 1 keys before it. Bidirectional: W - 1 on each side.
+        allowed &= ((q_slot - k_slot) if causal else (q_slot - k_slot).abs()) < window
     mask = allowed[None, None]
     if key_padding is not None:
         mask = mask & key_padding.bool()[:, None, None, :]

@@ -42,19 +42,20 @@ class TransformerBlock(nn.Module):
 
     Module names follow the roles: ``attn_norm``/``ffn_norm`` normalise a sublayer's input (for
     ``post``, its residual sum), ``attn_out_norm``/``ffn_out_norm`` its output (``sandwich``,
-    ``output``); ``attn`` is the mixer, whatever its kind.
+    ``output``); ``attn`` is the mixer, whatever its kind. ``attn_norm=False`` leaves out the
+    mixer's ``attn_norm`` (ModernBERT's first layer: its input is the embedding norm's output).
     """
 
     def __init__(self, mixer: Mixer, ffn: nn.Module, norm: Callable[[], nn.Module], *,
                  placement: Placement = "pre", residual: Residual = "sequential", dropout: float = 0.0,
-                 cross_attn: MultiHeadAttention | None = None) -> None:
+                 cross_attn: MultiHeadAttention | None = None, attn_norm: bool = True) -> None:
         super().__init__()
         if residual != "sequential" and placement != "pre":
             raise ValueError(f"residual={residual!r} wires pre-norm layers only, got placement={placement!r}")
         self.placement, self.residual = placement, residual
         inputs = placement in ("pre", "post", "sandwich")
         outputs = placement in ("sandwich", "output")
-        self.attn_norm = norm() if inputs else None
+        self.attn_norm = norm() if inputs and attn_norm else None
         self.attn_out_norm = norm() if outputs else None
         self.attn = mixer
         if cross_attn is not None:
@@ -72,7 +73,8 @@ class TransformerBlock(nn.Module):
 
     def _sublayer(self, x: Tensor, in_norm: nn.Module | None, out_norm: nn.Module | None, fn) -> Tensor:
         if self.placement == "post":
-            return in_norm(x + self._drop(fn(x)))
+            x = x + self._drop(fn(x))
+            return in_norm(x) if in_norm is not None else x
         h = fn(in_norm(x) if in_norm is not None else x)
         return x + self._drop(out_norm(h) if out_norm is not None else h)
 
@@ -81,7 +83,7 @@ class TransformerBlock(nn.Module):
         """x (B, T, C) -> (B, T, C); ``state`` the mixer's decoding state; ``memory`` (B, S, C_m)
         for cross-attention layers (``layer`` keys its projected memory in the cache)."""
         if self.residual != "sequential":
-            h = self.attn_norm(x)
+            h = self.attn_norm(x) if self.attn_norm is not None else x
             f = h if self.ffn_norm is None else self.ffn_norm(x)
             return x + self._drop(self.attn(h, context, state)) + self._drop(self.ffn(f))
         x = self._sublayer(x, self.attn_norm, self.attn_out_norm, lambda h: self.attn(h, context, state))

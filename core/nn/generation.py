@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, SeqzooError
-from ..interfaces import LanguageModel
+from ..interfaces import LanguageModel, RopeScaling
 from ..registry import tokenizer
 from .blocks import check_position_limit
 
@@ -42,9 +42,14 @@ class CausalSession:
             max_len = -(-max_len // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP
         self.cache = model.new_cache(input_ids.shape[0], max_len) if use_cache else None
         self.next_position: Tensor | None = None
+        # Cache lengths at which a RoPE scaling makes the cached keys stale (LongRoPE's L): the
+        # step there re-encodes the whole sequence, so the session keeps it (and its mask).
+        self.stale_at = {m.stale_after for m in model.modules()
+                         if isinstance(m, RopeScaling) and m.stale_after is not None} if use_cache else set()
 
     def next(self, tokens: Tensor | None) -> Tensor:
         """tokens (B,) chosen last step, or None for the prompt -> logits (B, V) in float32."""
+        whole = tokens is None or self._extend(tokens[:, None])  # feed the whole sequence?
         if self.next_position is not None:  # a static step: fixed shapes, positions given
             self.cache.check_room(1)
             check_position_limit(self.model.max_positions, self.cache.length + 1)
@@ -52,13 +57,7 @@ class CausalSession:
             self.cache.step_static()
             self.next_position += 1
             return logits
-        feed = self.ids
-        if tokens is not None:
-            feed = tokens[:, None]
-            if self.mask is not None:
-                self.mask = torch.cat([self.mask, self.mask.new_ones(feed.shape)], dim=1)
-            if self.cache is None:  # the uncached reference feeds the whole sequence again
-                self.ids = feed = torch.cat([self.ids, feed], dim=1)
+        feed = self.ids if whole else tokens[:, None]
         logits = self.model(feed, attention_mask=self.mask, cache=self.cache, logits_to_keep=1)
         if self.static:  # the prompt is in: every later step has the same shapes
             self.cache.make_static(self.mask)
@@ -68,9 +67,25 @@ class CausalSession:
                 self.next_position = self.mask.long().sum(-1, keepdim=True)
         return logits[:, -1].float()
 
+    def _extend(self, new: Tensor) -> bool:
+        """Record the tokens new (B, 1) in the mask and, when the session keeps it, the sequence.
+        True when the whole sequence must be fed: without a cache (the uncached reference), or
+        when the cache just went stale — then it starts afresh, as transformers' Phi-3 drops its
+        cache at the step that takes the sequence past LongRoPE's L."""
+        keep = self.cache is None or bool(self.stale_at)
+        if self.mask is not None and (self.next_position is None or keep):  # static steps need no mask
+            self.mask = torch.cat([self.mask, self.mask.new_ones(new.shape)], dim=1)
+        if keep:
+            self.ids = torch.cat([self.ids, new], dim=1)
+        if self.cache is not None and self.cache.length in self.stale_at:
+            self.cache = self.model.new_cache(self.ids.shape[0], self.cache.max_len)
+            self.next_position = None  # a static session turns static again after this step
+            return True
+        return self.cache is None
+
     def reorder(self, rows: Tensor) -> None:
         """Keep batch rows ``rows`` in that order (beam search)."""
-        if self.cache is None:
+        if self.cache is None or self.stale_at:
             self.ids = self.ids.index_select(0, rows)
         if self.mask is not None:
             self.mask = self.mask.index_select(0, rows)

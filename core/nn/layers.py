@@ -6,14 +6,16 @@ A uniform stack is ``layers: N``. A heterogeneous one names layer types and a re
     layer_types:
       local:  {attention: {window: 512}, position: {base: 10000}}
       global: {position: {base: 1000000}}
-    pattern: [local, local, local, local, local, global]   # repeats; its length divides layers
+    pattern: [local, local, local, local, local, global]   # repeats; layer i is pattern[i % 6]
     layer_overrides: {0: global, 7: {ffn: {hidden: 512}}}  # per index: a type, or parts
 
 A layer type overrides any per-layer part of the model section: ``mixer``, ``attention`` (window,
 score, softcap, QK-norm, ...), ``position`` (another scheme, ``none`` for NoPE layers, a RoPE base
-or scaling of its own), ``ffn``, ``norm``, ``placement`` and ``residual``. A mapping is merged
-into the model's value (a different ``kind`` replaces it); a name replaces it. Layers that end up
-with the same position scheme share one instance, so its per-forward work is done once.
+or scaling of its own), ``ffn``, ``norm``, ``placement`` and ``residual``; and ``attn_norm: false``
+drops the norm around the mixer (ModernBERT's layer 0, whose input is the embedding norm's output).
+A mapping is merged into the model's value (a different ``kind`` replaces it); a name replaces it.
+Layers that end up with the same position scheme share one instance, so its per-forward work is
+done once.
 
 ``layer_plan`` validates all of that (errors name the layer type or index and the key) and
 ``build_stack`` builds a ``TransformerStack`` from the plan: the model plugins call these and
@@ -38,15 +40,17 @@ from .blocks import Placement, Residual, TransformerBlock, TransformerStack
 ATTENTION = {"kind": "attention"}  # the mixer of a layer whose mixer is null: the attention: section
 
 #: The model-section keys a layer type may override.
-LAYER_KEYS = ("mixer", "attention", "position", "ffn", "norm", "placement", "residual")
-#: Their values when a model section does not have the key (an encoder–decoder has no residual:).
-DEFAULTS = {"mixer": None, "residual": "sequential", "placement": "pre"}
+LAYER_KEYS = ("mixer", "attention", "position", "ffn", "norm", "placement", "residual", "attn_norm")
+#: Their values when a model section does not have the key (an encoder–decoder has no residual:;
+#: ``attn_norm`` is per layer only).
+DEFAULTS = {"mixer": None, "residual": "sequential", "placement": "pre", "attn_norm": True}
 
 
 @dataclass(frozen=True)
 class LayerPlan:
     """The resolved parts of one layer: validated specs (``{kind: name, **params}``), the attention
-    section as an ``AttentionConfig``, and the layer type's name (None for the model's defaults)."""
+    section as an ``AttentionConfig``, and the layer type's name (None for the model's defaults).
+    ``attn_norm``: whether the block has its norm around the mixer (``TransformerBlock.attn_norm``)."""
 
     type: str | None
     mixer: dict
@@ -56,6 +60,7 @@ class LayerPlan:
     norm: dict
     placement: Placement
     residual: Residual
+    attn_norm: bool = True
 
 
 def merge(base: Any, override: Any) -> Any:
@@ -94,10 +99,9 @@ def layer_plan(model: dict, path: tuple = ("model",), validator: Validator | Non
     if pattern is not None:
         if not pattern:
             raise SchemaError((*path, "pattern"), "an empty pattern; name at least one layer type")
-        if layers % len(pattern):
-            raise SchemaError((*path, "pattern"), f"{len(pattern)} entries do not divide layers={layers}; "
-                                                  f"the pattern repeats, so its length must divide the layer count "
-                                                  f"(or list all {layers} layers)")
+        if len(pattern) > layers:
+            raise SchemaError((*path, "pattern"), f"{len(pattern)} entries for layers={layers}; the pattern "
+                                                  f"names one type per layer and repeats, so list at most {layers}")
         for index, name in enumerate(pattern):
             _check_type_name(name, types, (*path, "pattern", index))
     elif types:
@@ -186,7 +190,8 @@ def _resolve(base: dict, override: dict, model_path: tuple, where: tuple, dim: i
         type=None, mixer=mixer, attention=instantiate(attention, AttentionConfig), position=position,
         ffn=validator.spec("ffn", part["ffn"], at("ffn")), norm=validator.spec("norm", part["norm"], at("norm")),
         placement=validator.value(part["placement"], Placement, at("placement")),
-        residual=validator.value(part["residual"], Residual, at("residual")))
+        residual=validator.value(part["residual"], Residual, at("residual")),
+        attn_norm=validator.value(part["attn_norm"], bool, at("attn_norm")))
 
 
 def _attention_defaults(validator: Validator, where: tuple) -> dict:
@@ -285,7 +290,7 @@ def build_stack(model: dict, *, layers_key: str = "layers", causal: bool, cross:
         blocks.append(TransformerBlock(build_mixer(dim, plan), make("ffn", plan.ffn, dim),
                                        lambda n=norm: make("norm", n, dim), placement=plan.placement,
                                        residual=plan.residual, dropout=model.get("dropout", 0.0),
-                                       cross_attn=cross_attn))
+                                       cross_attn=cross_attn, attn_norm=plan.attn_norm))
     # Post-norm blocks end in a norm already; every other placement needs one at the top.
     top = plans[-1]
     final_norm = make("norm", top.norm, dim) if top.placement != "post" else None
@@ -313,7 +318,8 @@ def describe_layout(model: dict) -> str | None:
             names[index], notes[index] = value, _summary(types.get(value) or {})
         else:
             notes[index] = ", ".join(filter(None, [notes[index], _summary(value)]))
-    span = len(pattern) if not overrides else layers
+    whole = layers % len(pattern) == 0  # else the last period is cut short (Gemma 3's 26 = 4·6 + 2)
+    span = len(pattern) if not overrides and whole else layers
     runs = []
     start = 0
     for i in range(1, span + 1):
@@ -322,7 +328,7 @@ def describe_layout(model: dict) -> str | None:
             note = notes[start] if notes[start] not in ("", names[start]) else ""
             runs.append(f"{where} {names[start]}" + (f" ({note})" if note else ""))
             start = i
-    repeat = f" ×{layers // len(pattern)}" if not overrides and layers > len(pattern) else ""
+    repeat = f" ×{layers // len(pattern)}" if not overrides and whole and layers > len(pattern) else ""
     return "layers " + " · ".join(runs) + repeat
 
 

@@ -13,6 +13,7 @@ family to the same bar::
     check_padded_logits(pair, length=20)
     check_greedy(pair)                      # 32 tokens, with and without the KV cache
     check_export(pair, tmp_path / "out", length=20)
+    # or all four: check_causal_lm(pair, tmp_path / "out", length=20)
 
 ``transformers`` is needed only by the caller (it builds the reference); nothing here imports it.
 """
@@ -53,6 +54,33 @@ def import_reference(hf: nn.Module, folder: str | Path) -> Imported:
     folder = Path(folder)
     hf.save_pretrained(folder)
     return Imported(hf, from_hf(folder, device="cpu"), folder)
+
+
+def randomised(model: nn.Module, *, norms: tuple[float, float] = (0.5, 1.5), bias_std: float | None = 0.1) -> nn.Module:
+    """transformers starts norm weights at ones (Gemma's at zeros) and biases at zeros, where a
+    norm or bias in the wrong place goes unseen: draw norm weights uniformly from ``norms`` and
+    biases from N(0, ``bias_std``) (None leaves them). Returns the model."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name.lower() and name.endswith("weight"):
+                parameter.uniform_(*norms)
+            elif bias_std is not None and name.endswith("bias"):
+                parameter.normal_(0.0, bias_std)
+    return model
+
+
+def cached_imports(build: Callable[[str], nn.Module], tmp_path_factory) -> Callable[[str], Imported]:
+    """name -> ``import_reference(build(name), ...)``, each built from seed 0 and imported once
+    (pytest's ``tmp_path_factory`` gives the folders): a module-scoped fixture returns this."""
+    cache: dict[str, Imported] = {}
+
+    def get(name: str) -> Imported:
+        if name not in cache:
+            torch.manual_seed(0)
+            cache[name] = import_reference(build(name), tmp_path_factory.mktemp(name) / "hf")
+        return cache[name]
+
+    return get
 
 
 def left_padded(vocab_size: int, length: int, pad: int = 3, batch: int = 2,
@@ -119,16 +147,45 @@ def check_greedy(pair: Imported, *, prompt: int = 8, steps: int = 32, pad: int =
 
 
 def check_export(pair: Imported, out_dir: str | Path, length: int, *, tol: float = 1e-5,
-                 run: Callable[[nn.Module, Tensor], Tensor] | None = None) -> Path:
+                 run: Callable[[nn.Module, Tensor], Tensor] | None = None, model_type: str | None = None,
+                 hf_class: type | None = None) -> Path:
     """``seqzoo.to_hf`` writes a folder of the same ``model_type`` that the reference's class loads,
-    with the reference's outputs (``run(model, ids)``: the logits by default). Returns the folder."""
-    out = to_hf(unwrap(pair.model), out_dir)
+    with the reference's outputs (``run(model, ids)``: the logits by default). Returns the folder.
+    ``model_type``: name the family to export as (one that is only exported when named);
+    ``hf_class``: the class that loads the folder (default: the reference's)."""
+    out = to_hf(unwrap(pair.model), out_dir, model_type=model_type)
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     assert config["model_type"] == pair.hf.config.model_type, config["model_type"]
-    again = type(pair.hf).from_pretrained(out, dtype=torch.float32).eval()
+    again = (hf_class or type(pair.hf)).from_pretrained(out, dtype=torch.float32).eval()
     run = run or (lambda model, ids: model(ids).logits)
     ids = torch.randint(3, pair.vocab_size, (2, length))
     with torch.no_grad():
         diff = max_difference(run(again, ids), run(pair.hf, ids))
     assert diff < tol, f"exported folder: max |Δ| = {diff:.2e} ≥ {tol:.0e}"
     return out
+
+
+def check_causal_lm(pair: Imported, out_dir: str | Path, length: int, *, position_ids: bool = True,
+                    model_type: str | None = None) -> Path:
+    """Every check of a causal LM family: logits plain and left-padded, greedy decoding with and
+    without the cache, and the folder exported (as ``model_type`` if given). Returns the folder."""
+    check_logits(pair, length)
+    check_padded_logits(pair, length, position_ids=position_ids)
+    # Export before decoding: transformers' dynamic RoPE keeps the longest length it has seen.
+    out = check_export(pair, out_dir, length, model_type=model_type)
+    check_greedy(pair)
+    return out
+
+
+def check_masked_lm_logits(pair: Imported, batch: dict[str, Tensor], *, tol: float = TOL) -> float:
+    """An encoder's masked-LM logits equal the reference's (``BertForMaskedLM``,
+    ``RobertaForMaskedLM``, ...; ``prediction_logits`` of ``BertForPreTraining``) on ``batch``
+    ({input_ids, attention_mask, token_type_ids}, padded as the family pads), at its real tokens;
+    returns max |Δ|."""
+    with torch.no_grad():
+        ours = pair.model(**batch, head=True)
+        theirs = pair.hf(**batch)[0]  # logits / prediction_logits: the first output without labels
+    mask = batch.get("attention_mask")
+    diff = max_difference(ours, theirs, None if mask is None else mask.bool())
+    assert diff < tol, f"masked-LM logits: max |Δ| = {diff:.2e} ≥ {tol:.0e}"
+    return diff

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..config import TrainConfig  # the train: section's schema; still importable from here
 from ..errors import SeqzooError
-from ..interfaces import LanguageModel, Task, Tokenizer
+from ..interfaces import LanguageModel, MaskedLanguageModel, Task, Tokenizer
 from ..io.checkpoint import check_can_save, read_extras, save, unwrap
 from ..nn.generation import generate
 from ..registry import registry
@@ -116,7 +116,17 @@ class Examples:
             return self.tokenizer.encode(prompt) + [self.eos]
         return self.tokenizer.encode(self.prompt_text(prompt)) or [self.bos]
 
-    def batch(self, pairs: list[tuple[str, str]], device: torch.device) -> dict[str, Tensor]:
+    def example_text(self, pair: tuple[str, str]) -> str:
+        """What to try the trained model on: the prompt of ``pair``, as the model is prompted."""
+        return self.prompt_text(pair[0]) if self.family == "causal" else pair[0]
+
+    def tokens(self, batch: dict[str, Tensor]) -> int:
+        """The tokens a batch trains on (for tokens/s): those with a label."""
+        return int((batch["labels"] != IGNORE).sum())
+
+    def batch(self, pairs: list[tuple[str, str]], device: torch.device,
+              rng: random.Random | None = None) -> dict[str, Tensor]:
+        """The model's tensors for ``pairs`` (``rng``: the step's stream; unused here)."""
         if self.family == "seq2seq":
             sources = [self.prompt_ids(p) for p, _ in pairs]
             answers = [self.tokenizer.encode(a) for _, a in pairs]
@@ -197,6 +207,16 @@ class Examples:
                     new = new[: new.index(self.eos)]
                 out[index] = self.tokenizer.decode(new)
         return out  # type: ignore[return-value]
+
+
+def examples_for(model: nn.Module, tokenizer: Tokenizer, task: Task):
+    """How ``model`` learns from the task: the masked-LM objective (``seqzoo.train.mlm``) for a
+    bidirectional ``MaskedLanguageModel``, ``Examples`` (next tokens of the answer) otherwise."""
+    if isinstance(model, MaskedLanguageModel) and not isinstance(model, LanguageModel):
+        from .mlm import MaskedExamples  # it builds on this module
+
+        return MaskedExamples(model, tokenizer, task)
+    return Examples(model, tokenizer, task)
 
 
 def _pad(rows: list[list[int]], value: int) -> tuple[Tensor, Tensor]:
@@ -326,7 +346,7 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
         check_can_save(output)
     device = next(model.parameters()).device
     task = registry().create("task", config.task)
-    examples = Examples(model, tokenizer, task)
+    examples = examples_for(model, tokenizer, task)
     base = model
     model = _wrap(model, config, dist_info, device)
     optimizer = _optimizer(model, config)
@@ -344,10 +364,10 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     with _StopRequests() as stop:
         try:
             for step in range(start, last):
-                loss, labels = _one_step(step, config, task, examples, runner, model, optimizer,
-                                         autocast, device, dist_info, output)
+                loss, batch = _one_step(step, config, task, examples, runner, model, optimizer,
+                                        autocast, device, dist_info, output)
                 done = step + 1
-                tokens_seen += int((labels != IGNORE).sum())
+                tokens_seen += examples.tokens(batch)
                 if done % config.log_every == 0 or done == last:
                     elapsed = time.perf_counter() - window_start
                     entry = {"step": done, "loss": dist_info.average(loss, device),
@@ -374,18 +394,16 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     result_eval = examples.evaluate(model, config, device)
     if output:
         _save_or_rescue(output, model, base, optimizer, finished, config, history, dist_info)
-    rng = example_rng(config.seed, "eval")
-    prompt = task.example(rng, "eval")[0]
-    return RunResult(history, result_eval, examples.prompt_text(prompt) if examples.family == "causal" else prompt,
-                     finished, time.perf_counter() - began)
+    example = examples.example_text(task.example(example_rng(config.seed, "eval"), "eval"))
+    return RunResult(history, result_eval, example, finished, time.perf_counter() - began)
 
 
 def _one_step(step: int, config: TrainConfig, task: Task, examples: Examples, runner: nn.Module,
               model: nn.Module, optimizer: torch.optim.Optimizer, autocast, device: torch.device,
-              dist_info: Distributed, output: str | None) -> tuple[float, Tensor]:
-    """One optimizer step on the batch of ``step`` -> (its loss, its labels)."""
+              dist_info: Distributed, output: str | None) -> tuple[float, dict[str, Tensor]]:
+    """One optimizer step on the batch of ``step`` -> (its loss, the batch)."""
     rng = example_rng(config.seed, step, dist_info.rank)
-    batch = examples.batch([task.example(rng) for _ in range(config.batch_size)], device)
+    batch = examples.batch([task.example(rng) for _ in range(config.batch_size)], device, rng)
     for group in optimizer.param_groups:
         group["lr"] = config.lr * lr_factor(step, config)
     with autocast:
@@ -400,7 +418,7 @@ def _one_step(step: int, config: TrainConfig, task: Task, examples: Examples, ru
     if config.grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
-    return loss.item(), batch["labels"]
+    return loss.item(), batch
 
 
 def _save_or_rescue(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer,

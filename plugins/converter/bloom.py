@@ -9,11 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from torch import Tensor, nn
+from torch import nn
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.io.hf import HFConverter, Rule, copy, decoder_problem, first_problem, kind_of, linear, norm, special_ids
+from seqzoo.io.hf import (
+    CausalLMConverter,
+    Rule,
+    decoder_problem,
+    first_problem,
+    fused_per_head,
+    kind_of,
+    norm,
+    plain_attention_problem,
+    renamed,
+    special_ids,
+)
 
 DEFAULTS = {"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8,
             "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "hidden_dropout": 0.0,
@@ -29,30 +40,14 @@ def _config(config: dict) -> dict:
     return c
 
 
-def head_major_to_qkv(t: Tensor, heads: int) -> Tensor:
-    """[H, 3, D, ...] rows (BLOOM) -> [3, H, D, ...] rows ([q | k | v]); weight or bias."""
-    rest = t.shape[1:]
-    return t.reshape(heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
-def qkv_to_head_major(t: Tensor, heads: int) -> Tensor:
-    """The inverse of ``head_major_to_qkv``."""
-    rest = t.shape[1:]
-    return t.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
-def fused_per_head(target: str, source: str, heads: int) -> Rule:
-    return Rule(target, (source,), lambda t: head_major_to_qkv(t, heads),
-                lambda t: (qkv_to_head_major(t, heads),))
-
-
-class BloomConverter(HFConverter):
+class BloomConverter(CausalLMConverter):
     """config.json keys: hidden_size (or n_embed), n_layer, n_head, layer_norm_epsilon,
     hidden_dropout, attention_dropout, tie_word_embeddings. The MLP is 4·hidden_size wide."""
 
     model_type = "bloom"
     architecture = "BloomForCausalLM"
     base_prefix = "transformer."
+    embedding = "transformer.word_embeddings.weight"
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
         c = _config(config)
@@ -72,27 +67,16 @@ class BloomConverter(HFConverter):
         }}
 
     def rules(self, config: dict, recipe: dict) -> list[Rule]:
-        c = _config(config)
-        rules = [copy("embed.weight", "transformer.word_embeddings.weight")]
-        rules += norm("decoder.embed_norm", "transformer.word_embeddings_layernorm")
-        for i in range(c["n_layer"]):
-            h, b = f"transformer.h.{i}.", f"decoder.blocks.{i}."
-            rules += norm(b + "attn_norm", h + "input_layernorm")
-            for part in ("weight", "bias"):
-                rules.append(fused_per_head(f"{b}attn.qkv_proj.{part}",
-                                            f"{h}self_attention.query_key_value.{part}", c["n_head"]))
-            rules += linear(b + "attn.out_proj", h + "self_attention.dense", True)
-            rules += norm(b + "ffn_norm", h + "post_attention_layernorm")
-            rules += linear(b + "ffn.up", h + "mlp.dense_h_to_4h", True)
-            rules += linear(b + "ffn.down", h + "mlp.dense_4h_to_h", True)
-        rules += norm("decoder.final_norm", "transformer.ln_f")
-        if not recipe["model"]["tie_embeddings"]:
-            rules.append(copy("lm_head.weight", "lm_head.weight"))
-        return rules
-
-    def aliases(self, config: dict, recipe: dict) -> dict[str, str]:
-        tied = recipe["model"]["tie_embeddings"]
-        return {"lm_head.weight": "transformer.word_embeddings.weight"} if tied else {}
+        heads = recipe["model"]["attention"]["heads"]
+        rules = norm("decoder.embed_norm", "transformer.word_embeddings_layernorm")
+        for i in range(recipe["model"]["layers"]):
+            b, h = f"decoder.blocks.{i}.", f"transformer.h.{i}."
+            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                                    "attn.out_proj": "self_attention.dense", "ffn.up": "mlp.dense_h_to_4h",
+                                    "ffn.down": "mlp.dense_4h_to_h"}, True)
+            rules += [fused_per_head(f"{b}attn.qkv_proj.{part}", f"{h}self_attention.query_key_value.{part}", heads)
+                      for part in ("weight", "bias")]
+        return rules + self.ends(recipe, "transformer.ln_f", True)
 
     def accepts(self, recipe: dict) -> str | None:
         m = recipe["model"]
@@ -100,17 +84,13 @@ class BloomConverter(HFConverter):
                                   tanh_name="gelu_new")
         if problem:
             return problem
-        attn, ffn = m["attention"], m["ffn"]
-        return first_problem(
+        ffn = m["ffn"]
+        return plain_attention_problem(m, "BLOOM", biases=True) or first_problem(
             (m["norm"]["bias"], "model.norm has no bias; BLOOM's LayerNorm has one"),
             (kind_of(m["embed_norm"]) == "layernorm", "model.embed_norm must be a layernorm (BLOOM)"),
             (m["embed_norm"] == m["norm"], "model.embed_norm must equal model.norm (BLOOM shares the eps)"),
-            (attn["kv_heads"] in (None, attn["heads"]), "model.attention.kv_heads: BLOOM has no GQA"),
-            (attn["head_dim"] in (None, m["dim"] // attn["heads"]),
-             "model.attention.head_dim must be dim / heads"),
-            (attn["bias"] and attn["out_bias"] in (None, True), "model.attention: BLOOM has biases everywhere"),
-            (attn["window"] is None, "model.attention.window: BLOOM has no sliding window"),
-            (attn["score"] == {"kind": "scaled_dot", "scale": None}, "model.attention.score must be scaled_dot"),
+            (m["attention"]["score"] == {"kind": "scaled_dot", "scale": None},
+             "model.attention.score must be scaled_dot"),
             (ffn["kind"] == "gelu" and ffn["approximate"] == "tanh" and ffn["bias"],
              "model.ffn must be {kind: gelu, approximate: tanh} with biases (BLOOM's GELU)"),
             (ffn["hidden"] in (None, 4 * m["dim"]), "model.ffn.hidden must be 4·dim (BLOOM)"),

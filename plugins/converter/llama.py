@@ -1,9 +1,8 @@
 """LLaMA (Touvron et al., 2023) <-> ``decoder_lm``: RoPE (rotate-half), RMSNorm, SwiGLU, GQA.
 
-HF's separate q/k/v projections are stacked into seqzoo's fused [q (H·D) | k (K·D) | v (K·D)].
-``rope_parameters`` (transformers 5) or the older ``rope_theta`` + ``rope_scaling`` map onto
-seqzoo's ``rope`` with a ``rope_scaling`` of kind linear, dynamic, yarn or llama3. Mistral and
-Qwen2 subclass this converter and change only their attention.
+HF's separate q/k/v projections are stacked into seqzoo's fused [q (H·D) | k (K·D) | v (K·D)];
+its RoPE configuration is read and written by ``_rope``. Mistral, Qwen2/3, OLMo 2, SmolLM3, Phi-3
+and Gemma subclass this converter and change what differs.
 """
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from collections.abc import Collection
 from torch import nn
 
 import seqzoo
-from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
     Rule,
@@ -27,87 +25,7 @@ from seqzoo.io.hf import (
     special_ids,
 )
 
-SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3")
-
-
-def rope_spec(config: dict, head_dim: int, max_positions: int) -> dict:
-    """seqzoo's ``rope`` position spec for a LLaMA-style config (either rope format)."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if any(isinstance(v, dict) for v in params.values()):
-        raise CheckpointError("config.json: rope_parameters per layer type are not supported")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in SCALINGS:
-        raise CheckpointError(f"config.json: rope_type {kind!r} is not supported; supported: "
-                              f"{', '.join(SCALINGS)}")
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor")) or 1.0
-    if partial != 1.0:
-        raise CheckpointError(f"config.json: partial_rotary_factor {partial} is not supported for "
-                              f"{config.get('model_type')} (it rotates whole heads)")
-    spec: dict = {"kind": "rope", "base": float(params.get("rope_theta", config.get("rope_theta", 10000.0)))}
-    # HF takes L from a top-level original_max_position_embeddings first (Phi-3 style configs).
-    original = (config.get("original_max_position_embeddings")
-                or params.get("original_max_position_embeddings") or max_positions)
-    factor = params.get("factor")
-    if kind == "linear":
-        spec["scaling"] = {"kind": "linear", "factor": factor}
-    elif kind == "dynamic":  # L is max_position_embeddings, seqzoo's default (the model's max_seq_len)
-        spec["scaling"] = {"kind": "dynamic", "factor": factor}
-    elif kind == "yarn":
-        scaling = {"kind": "yarn", "factor": factor if factor is not None else max_positions / original,
-                   "original_max_seq_len": original, "beta_fast": params.get("beta_fast") or 32.0,
-                   "beta_slow": params.get("beta_slow") or 1.0, "truncate": params.get("truncate", True)}
-        if params.get("attention_factor") is not None:
-            scaling["attention_factor"] = params["attention_factor"]
-        elif params.get("mscale") and params.get("mscale_all_dim"):  # HF uses them only together
-            scaling.update(mscale=params["mscale"], mscale_all_dim=params["mscale_all_dim"])
-        spec["scaling"] = scaling
-    elif kind == "llama3":
-        spec["scaling"] = {"kind": "llama3", "factor": factor, "low_freq_factor": params["low_freq_factor"],
-                           "high_freq_factor": params["high_freq_factor"], "original_max_seq_len": original}
-    return spec
-
-
-def rope_parameters(position: dict, max_seq_len: int) -> dict:
-    """HF ``rope_parameters`` for a resolved seqzoo ``rope`` spec (``rope_problem`` said yes)."""
-    out = {"rope_type": "default", "rope_theta": position["base"]}
-    scaling = position["scaling"]
-    if scaling is None:
-        return out
-    kind = scaling["kind"]
-    out.update(rope_type=kind, factor=scaling["factor"])
-    if kind == "yarn":
-        out.update(original_max_position_embeddings=scaling["original_max_seq_len"] or max_seq_len,
-                   beta_fast=scaling["beta_fast"], beta_slow=scaling["beta_slow"],
-                   truncate=scaling["truncate"])
-        if scaling["attention_factor"] is not None:
-            out["attention_factor"] = scaling["attention_factor"]
-        if scaling["mscale"] is not None:
-            out.update(mscale=scaling["mscale"], mscale_all_dim=scaling["mscale_all_dim"])
-    elif kind == "llama3":
-        out.update(low_freq_factor=scaling["low_freq_factor"], high_freq_factor=scaling["high_freq_factor"],
-                   original_max_position_embeddings=scaling["original_max_seq_len"])
-    return out
-
-
-def rope_config(position: dict, max_seq_len: int) -> dict:
-    """config.json's rope keys: transformers 5's ``rope_parameters``, and the same values in the
-    older ``rope_theta`` + ``rope_scaling`` form that transformers 4 reads (5 reads both alike)."""
-    params = rope_parameters(position, max_seq_len)
-    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    return {"rope_parameters": params, "rope_theta": params["rope_theta"],
-            "rope_scaling": scaling if scaling["rope_type"] != "default" else None}
-
-
-def rope_problem(position: dict, max_seq_len: int, head_dim: int) -> str | None:
-    scaling = position.get("scaling")
-    return first_problem(
-        (not position.get("interleaved"), "model.position: interleaved rope (HF LLaMA rotates halves)"),
-        (position.get("rotary_dim") in (None, head_dim), "model.position.rotary_dim: partial rotary"),
-        (scaling is None or scaling["kind"] in SCALINGS,
-         f"model.position.scaling {kind_of(scaling)} has no HF rope_type (supported: {', '.join(SCALINGS[1:])})"),
-        (kind_of(scaling) != "dynamic" or scaling["original_max_seq_len"] in (None, max_seq_len),
-         "model.position.scaling.original_max_seq_len must equal max_seq_len for HF dynamic"),
-    )
+from ._rope import SCALINGS, rope_config, rope_problem, rope_spec
 
 
 class LlamaConverter(CausalLMConverter):
@@ -129,6 +47,12 @@ class LlamaConverter(CausalLMConverter):
     #: Where the family's norms sit (``placement``) and its QK-norm's scope, if it has one.
     placement: str = "pre"
     qk_norm_scope: str | None = None
+    #: Each layer's norms, seqzoo name -> HF name under ``model.layers.i.`` (their places follow
+    #: ``placement``); a QK-norm's ``self_attn.q_norm`` / ``k_norm`` come with ``qk_norm_scope``.
+    norms: dict[str, str] = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    #: The rope_types the family reads, and whether it rotates part of each head (Phi-3).
+    scalings: tuple[str, ...] = SCALINGS
+    partial_rotary: bool = False
 
     # -- what differs between LLaMA, Mistral, Qwen2/3 and OLMo 2 ----------------------------------
     def biases(self, c: dict) -> tuple[bool, bool, bool]:
@@ -172,7 +96,8 @@ class LlamaConverter(CausalLMConverter):
         return {"model": {
             "kind": "decoder_lm", "vocab_size": c["vocab_size"], "dim": dim,
             "layers": c["num_hidden_layers"], "max_seq_len": c["max_position_embeddings"],
-            "position": rope_spec(config, c["head_dim"], c["max_position_embeddings"]),
+            "position": rope_spec(config, c["head_dim"], c["max_position_embeddings"],
+                                  scalings=self.scalings, partial=self.partial_rotary),
             "norm": {"kind": "rmsnorm", "eps": c["rms_norm_eps"]}, "placement": self.placement,
             "attention": attention, "ffn": glu_ffn(c["hidden_act"], c["intermediate_size"], mlp_bias),
             "tie_embeddings": c["tie_word_embeddings"], "init_std": c["initializer_range"],
@@ -185,7 +110,9 @@ class LlamaConverter(CausalLMConverter):
         rules = []
         for i in range(c["num_hidden_layers"]):
             b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
-            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}, False)
+            rules += renamed(b, h, self.norms, False)
+            if self.qk_norm_scope is not None:
+                rules += renamed(b, h, {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}, False)
             for part in ("weight", "bias") if qkv_bias else ("weight",):
                 sources = tuple(f"{h}self_attn.{x}_proj.{part}" for x in "qkv")
                 rules.append(fused(f"{b}attn.qkv_proj.{part}", sources, (q, kv, kv)))
@@ -211,7 +138,8 @@ class LlamaConverter(CausalLMConverter):
             (scope is None or (kind_of(attn["qk_norm"]) == "rmsnorm" and attn["qk_norm_scope"] == scope
                                and attn["qk_norm"].get("eps") == m["norm"]["eps"]),
              f"model.attention.qk_norm must be an rmsnorm over each {scope} with model.norm's eps"),
-        ) or rope_problem(m["position"], m["max_seq_len"], head_dim) or self.attention_problem(m)
+        ) or rope_problem(m["position"], m["max_seq_len"], head_dim, scalings=self.scalings,
+                          partial=self.partial_rotary) or self.attention_problem(m)
 
     def hf_config(self, model: nn.Module) -> dict:
         m = model.recipe["model"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 import seqzoo
-from seqzoo.io.hf import Rule, first_problem, norm
+from seqzoo.io.hf import first_problem
 
 from .llama import LlamaConverter
 
@@ -21,21 +21,10 @@ class Olmo2Converter(LlamaConverter):
     defaults = {**LlamaConverter.defaults, "vocab_size": 50304, "rms_norm_eps": 1e-5}
     placement = "output"
     qk_norm_scope = "projection"
+    norms = {"attn_out_norm": "post_attention_layernorm", "ffn_out_norm": "post_feedforward_layernorm"}
 
     def biases(self, c: dict) -> tuple[bool, bool, bool]:
         return c["attention_bias"], c["attention_bias"], False
-
-    def rules(self, config: dict, recipe: dict) -> list[Rule]:
-        # LLaMA's rules without its two input norms, then OLMo 2's output and QK norms.
-        rules = [rule for rule in super().rules(config, recipe)
-                 if not rule.target.endswith((".attn_norm.weight", ".ffn_norm.weight"))]
-        for i in range(self.config(config)["num_hidden_layers"]):
-            h, b = f"model.layers.{i}.", f"decoder.blocks.{i}."
-            rules += norm(b + "attn_out_norm", h + "post_attention_layernorm", bias=False)
-            rules += norm(b + "ffn_out_norm", h + "post_feedforward_layernorm", bias=False)
-            rules += norm(b + "attn.q_norm", h + "self_attn.q_norm", bias=False)
-            rules += norm(b + "attn.k_norm", h + "self_attn.k_norm", bias=False)
-        return rules
 
     def attention_problem(self, m: dict) -> str | None:
         attn = m["attention"]

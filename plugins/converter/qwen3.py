@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 import seqzoo
-from seqzoo.io.hf import Rule, first_problem, norm
+from seqzoo.io.hf import first_problem
 
 from .qwen2 import Qwen2Converter
 
@@ -24,13 +24,6 @@ class Qwen3Converter(Qwen2Converter):
 
     def biases(self, c: dict) -> tuple[bool, bool, bool]:
         return c["attention_bias"], c["attention_bias"], False
-
-    def rules(self, config: dict, recipe: dict) -> list[Rule]:
-        rules = super().rules(config, recipe)
-        for i in range(self.config(config)["num_hidden_layers"]):
-            h, b = f"model.layers.{i}.self_attn.", f"decoder.blocks.{i}.attn."
-            rules += norm(b + "q_norm", h + "q_norm", bias=False) + norm(b + "k_norm", h + "k_norm", bias=False)
-        return rules
 
     def attention_problem(self, m: dict) -> str | None:
         attn = m["attention"]

@@ -14,6 +14,9 @@ from seqzoo.errors import InputError
 from seqzoo.interfaces import Tokenizer
 from seqzoo.schema import NonNegativeInt
 
+#: The special tokens that masked-LM tokenizers mask with, in the order they are looked for.
+MASK_TOKENS = ("[MASK]", "<mask>")
+
 
 class HFTokenizer(Tokenizer):
     """path: a tokenizer.json (or the folder holding one); null for a model imported without one
@@ -85,6 +88,22 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: list[int]) -> str:
         """Ids back to text, special tokens dropped."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _specials(self) -> dict[str, int]:
+        """{text: id} of the special tokens the tokenizer.json declares ({} without one)."""
+        if self.to_str() is None:
+            return {}
+        added = self.tokenizer.get_added_tokens_decoder()
+        return {token.content: token_id for token_id, token in added.items() if token.special}
+
+    @property
+    def mask_id(self) -> int | None:  # type: ignore[override]
+        """The special token [MASK] (BERT) or <mask> (RoBERTa), or None."""
+        specials = self._specials()
+        return next((specials[t] for t in MASK_TOKENS if t in specials), None)
+
+    def special_ids(self) -> set[int]:
+        return super().special_ids() | set(self._specials().values())
 
     def token(self, token_id: int | None) -> str | None:
         """The text of one token id (None for None or an unknown id)."""

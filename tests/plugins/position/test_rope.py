@@ -166,6 +166,9 @@ SCALINGS = {
     "dynamic": "{kind: dynamic, factor: 4, original_max_seq_len: 64}",
     "yarn": "{kind: yarn, factor: 4, original_max_seq_len: 64}",
     "llama3": "{kind: llama3, factor: 4, original_max_seq_len: 64}",
+    # T <= L: the short factors throughout (crossing L re-encodes the sequence: test_hf_phi3.py)
+    "longrope": "{kind: longrope, original_max_seq_len: 64, short_factor: [1, 1.1, 1.2, 1.4, 1.8, 2, 3, 4],"
+                " long_factor: [1, 2, 4, 8, 8, 8, 16, 16]}",
 }
 VARIANTS = {
     "plain": "{kind: rope}",
