@@ -31,6 +31,8 @@ from seqzoo.io.hf import (
     linear,
     mlp_ffn,
     norm,
+    plain_attention_problem,
+    renamed,
     special_ids,
     uniform_problem,
 )
@@ -153,11 +155,9 @@ class BertConverter(HFConverter):
             for part in ("weight", "bias"):
                 sources = tuple(f"{h}attention.self.{x}.{part}" for x in ("query", "key", "value"))
                 rules.append(fused(f"{b}attn.qkv_proj.{part}", sources, (dim, dim, dim)))
-            rules += linear(b + "attn.out_proj", h + "attention.output.dense", True)
-            rules += norm(b + "attn_norm", h + "attention.output.LayerNorm")
-            rules += linear(b + "ffn.up", h + "intermediate.dense", True)
-            rules += linear(b + "ffn.down", h + "output.dense", True)
-            rules += norm(b + "ffn_norm", h + "output.LayerNorm")
+            rules += renamed(b, h, {"attn.out_proj": "attention.output.dense",
+                                    "attn_norm": "attention.output.LayerNorm", "ffn.up": "intermediate.dense",
+                                    "ffn.down": "output.dense", "ffn_norm": "output.LayerNorm"}, True)
         if recipe["model"]["pooler"]:
             rules += linear("pooler", "pooler.dense", True)
         if recipe["model"].get("mlm_head") is not None:
@@ -192,17 +192,12 @@ class BertConverter(HFConverter):
             (m["placement"] == "post", "model.placement must be post"),
             (act is not None and not act[1], "model.ffn must be an ungated MLP with a named activation"),
             (m["ffn"].get("bias", False), "model.ffn must have biases"),
-            (attn["kv_heads"] in (None, attn["heads"]), "model.attention.kv_heads: BERT has no GQA"),
-            (attn["head_dim"] in (None, m["dim"] // attn["heads"]),
-             "model.attention.head_dim must be dim / heads"),
-            (attn["bias"] and attn["out_bias"] in (None, True), "model.attention: BERT has biases everywhere"),
-            (attn["window"] is None and attn["qk_norm"] is None, "model.attention: no window or qk_norm in BERT"),
             (attn["score"] == {"kind": "scaled_dot", "scale": None}, "model.attention.score must be scaled_dot"),
             (head is None or (head["bias"] and head["decoder_bias"]),
              "model.mlm_head: BERT's head has a dense bias and an output bias (bias, decoder_bias: true)"),
             (head is None or head["norm"] in (None, m["norm"]),
              "model.mlm_head.norm must be null (the model's norm, as BERT's head LayerNorm)"),
-        ) or (head is not None and self.head_problem(m)) or None
+        ) or plain_attention_problem(m, "BERT", biases=True) or (head is not None and self.head_problem(m)) or None
 
     def hf_config(self, model: nn.Module) -> dict:
         m = model.recipe["model"]
