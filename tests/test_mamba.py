@@ -159,3 +159,52 @@ def test_linear_attention_equals_its_quadratic_form(feature_map, decay):
     if decay == "retnet":
         expected_gamma = torch.tensor([1 - 2 ** -5, 1 - 2 ** -6, 1 - 2 ** -7], dtype=torch.float64)
         assert torch.allclose(gamma.flatten(), expected_gamma)
+
+
+# -- whole models: the recipes built on these mixers ---------------------------------------------
+RECIPES = ["tiny-mamba", "tiny-mamba2", "tiny-linear", "tiny-hybrid"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_state_cached_decoding_equals_the_full_forward(recipe):
+    model = seqzoo.build(recipe, device="cpu").eval()
+    ids = torch.randint(3, 259, (2, 90))  # longer than one scan chunk (64)
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(2, 90)
+        prefix = model(ids[:, :70], cache=cache)
+        steps = [model(ids[:, t:t + 1], cache=cache)[:, -1] for t in range(70, 90)]
+    assert (prefix - full[:, :70]).abs().max() < 1e-4
+    assert (torch.stack(steps, 1) - full[:, 70:]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_left_padded_generation_equals_each_row_alone_and_the_uncached_reference(recipe):
+    model = seqzoo.build(recipe, device="cpu").eval()
+    ids = torch.randint(3, 259, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :5] = 0
+    ids[1, :5] = 0
+    batched = seqzoo.generate(model, ids, 16, attention_mask=mask, eos_id=None)
+    assert torch.equal(batched, seqzoo.generate(model, ids, 16, attention_mask=mask, eos_id=None, use_cache=False))
+    alone = seqzoo.generate(model, ids[1:, 5:], 16, eos_id=None)
+    assert torch.equal(batched[1, 5:], alone[0])
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_beam_search_reorders_the_states(recipe):
+    model = seqzoo.build(recipe, device="cpu").eval()
+    ids = torch.randint(3, 259, (1, 6))
+    cached = seqzoo.generate(model, ids, 10, beam_size=3, eos_id=None)
+    assert torch.equal(cached, seqzoo.generate(model, ids, 10, beam_size=3, eos_id=None, use_cache=False))
+
+
+def test_a_mamba_layer_has_no_feed_forward_sublayer_and_the_hybrid_keeps_both_states():
+    mamba = seqzoo.build("tiny-mamba", device="cpu")
+    block = mamba.decoder.blocks[0]
+    assert block.ffn is None and block.ffn_norm is None and block.attn_norm is not None
+    hybrid = seqzoo.build("tiny-hybrid", device="cpu")
+    kinds = [type(b.attn).__name__ for b in hybrid.decoder.blocks]
+    assert kinds == ["Mamba2", "Mamba2", "Mamba2", "MultiHeadAttention"] * 2
+    cache = hybrid.new_cache(1, 16)
+    assert [type(s).__name__ for s in cache.states[:4]] == ["MambaState"] * 3 + ["KVSlice"]

@@ -22,6 +22,8 @@ def count(model) -> int:
     ("mistral-7b", 7_241_732_096),  # GQA 32/8, window 4096
     ("bloom-560m", 559_214_592),
     ("transformer-base", 63_082_496),  # shared 37k vocabulary, tied output (paper: "65M")
+    ("mamba-130m", 129_135_360),    # = transformers' MambaForCausalLM of the same config
+    ("mamba2-130m", 128_989_632),   # = transformers' Mamba2ForCausalLM of the same config
 ])
 def test_real_model_parameter_counts_on_meta(name, expected):
     model = seqzoo.build(name, device="meta")

@@ -44,9 +44,10 @@ class TransformerBlock(nn.Module):
     ``post``, its residual sum), ``attn_out_norm``/``ffn_out_norm`` its output (``sandwich``,
     ``output``); ``attn`` is the mixer, whatever its kind. ``attn_norm=False`` leaves out the
     mixer's ``attn_norm`` (ModernBERT's first layer: its input is the embedding norm's output).
+    ``ffn=None`` leaves out the feed-forward sublayer and its norms (Mamba's layers are a mixer only).
     """
 
-    def __init__(self, mixer: Mixer, ffn: nn.Module, norm: Callable[[], nn.Module], *,
+    def __init__(self, mixer: Mixer, ffn: nn.Module | None, norm: Callable[[], nn.Module], *,
                  placement: Placement = "pre", residual: Residual = "sequential", dropout: float = 0.0,
                  cross_attn: MultiHeadAttention | None = None, attn_norm: bool = True) -> None:
         super().__init__()
@@ -62,8 +63,8 @@ class TransformerBlock(nn.Module):
             self.cross_norm = norm() if inputs else None
             self.cross_out_norm = norm() if outputs else None
             self.cross_attn = cross_attn
-        self.ffn_norm = norm() if inputs and residual != "parallel_shared" else None
-        self.ffn_out_norm = norm() if outputs else None
+        self.ffn_norm = norm() if ffn is not None and inputs and residual != "parallel_shared" else None
+        self.ffn_out_norm = norm() if ffn is not None and outputs else None
         self.ffn = ffn
         self.dropout = nn.Dropout(dropout)
 
@@ -85,12 +86,13 @@ class TransformerBlock(nn.Module):
         if self.residual != "sequential":
             h = self.attn_norm(x) if self.attn_norm is not None else x
             f = h if self.ffn_norm is None else self.ffn_norm(x)
-            return x + self._drop(self.attn(h, context, state)) + self._drop(self.ffn(f))
+            out = x + self._drop(self.attn(h, context, state))
+            return out + self._drop(self.ffn(f)) if self.ffn is not None else out
         x = self._sublayer(x, self.attn_norm, self.attn_out_norm, lambda h: self.attn(h, context, state))
         if memory is not None:
             x = self._sublayer(x, self.cross_norm, self.cross_out_norm, lambda h: self.cross_attn.attend_memory(
                 h, memory, memory_mask, context.cache, layer))
-        return self._sublayer(x, self.ffn_norm, self.ffn_out_norm, self.ffn)
+        return self._sublayer(x, self.ffn_norm, self.ffn_out_norm, self.ffn) if self.ffn is not None else x
 
 
 class TransformerStack(nn.Module):

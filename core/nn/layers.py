@@ -56,7 +56,7 @@ class LayerPlan:
     mixer: dict
     attention: AttentionConfig
     position: dict
-    ffn: dict
+    ffn: dict | None  # None: no feed-forward sublayer
     norm: dict
     placement: Placement
     residual: Residual
@@ -188,7 +188,8 @@ def _resolve(base: dict, override: dict, model_path: tuple, where: tuple, dim: i
                                        "write mixer: attention and set heads, window, ... under attention:")
     return LayerPlan(
         type=None, mixer=mixer, attention=instantiate(attention, AttentionConfig), position=position,
-        ffn=validator.spec("ffn", part["ffn"], at("ffn")), norm=validator.spec("norm", part["norm"], at("norm")),
+        ffn=None if part["ffn"] is None else validator.spec("ffn", part["ffn"], at("ffn")),
+        norm=validator.spec("norm", part["norm"], at("norm")),
         placement=validator.value(part["placement"], Placement, at("placement")),
         residual=validator.value(part["residual"], Residual, at("residual")),
         attn_norm=validator.value(part["attn_norm"], bool, at("attn_norm")))
@@ -287,7 +288,8 @@ def build_stack(model: dict, *, layers_key: str = "layers", causal: bool, cross:
     for plan in plans:
         norm = plan.norm
         cross_attn = build_attention(dim, plan.attention, cross=True) if cross else None
-        blocks.append(TransformerBlock(build_mixer(dim, plan), make("ffn", plan.ffn, dim),
+        ffn = make("ffn", plan.ffn, dim) if plan.ffn is not None else None
+        blocks.append(TransformerBlock(build_mixer(dim, plan), ffn,
                                        lambda n=norm: make("norm", n, dim), placement=plan.placement,
                                        residual=plan.residual, dropout=model.get("dropout", 0.0),
                                        cross_attn=cross_attn, attn_norm=plan.attn_norm))

@@ -23,7 +23,8 @@ from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec, Validat
 
 class DecoderLM(LanguageModel):
     """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention (see AttentionConfig),
-    ffn (default gelu), position (default learned), norm (default layernorm), placement (pre|post),
+    ffn (default gelu; null: layers without one, as Mamba's), position (default learned), norm
+    (default layernorm), placement (pre|post),
     tie_embeddings (share the LM head with the token embedding; true), embed_norm (a norm right
     after the embeddings, BLOOM; null), scale_embeddings (multiply token embeddings by √C,
     Vaswani/Gemma; the factor rounded to the weights' dtype first, as Gemma does; false), dropout
@@ -38,7 +39,7 @@ class DecoderLM(LanguageModel):
     supports_compile = True
 
     def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
-                 max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
+                 max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] | None = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "pre", tie_embeddings: bool = True,
                  embed_norm: Spec["norm"] | None = None, scale_embeddings: bool = False,

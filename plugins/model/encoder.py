@@ -38,7 +38,7 @@ class Encoder(MaskedLanguageModel):
     """
 
     def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
-                 max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] = "gelu",
+                 max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] | None = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "post", type_vocab_size: NonNegativeInt = 2,
                  embed_norm: Spec["norm"] | None = None, pooler: bool = True,
