@@ -345,11 +345,110 @@ def bench_compile(table: Table, s: Shapes) -> None:
               {"eager": times["eager"]})
 
 
+# -- state-space mixers (issue #16) ---------------------------------------------------------------
+@dataclass
+class MambaShapes:
+    vocab: int = 8192
+    dim: int = 256
+    layers: int = 4
+    seq: int = 512
+    batch: int = 8
+    state: int = 16
+    repeats: int = 5
+    contexts: tuple[int, int] = (128, 2048)
+    prefill: int = 8192
+
+
+MAMBA_QUICK = MambaShapes(vocab=256, dim=32, layers=2, seq=64, batch=2, state=4, repeats=2,
+                          contexts=(16, 64), prefill=256)
+
+
+def hf_mamba(m: MambaShapes, **kw):
+    from transformers import MambaConfig, MambaForCausalLM
+
+    config = MambaConfig(vocab_size=m.vocab, hidden_size=m.dim, num_hidden_layers=m.layers, state_size=m.state,
+                         expand=2, conv_kernel=4, bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
+    return MambaForCausalLM(config)
+
+
+def attention_twin(m: MambaShapes, params: int) -> torch.nn.Module:
+    """A LLaMA-shaped seqzoo model (RoPE, GQA 4/2, SwiGLU) with the Mamba model's parameter count
+    within a few percent: the SwiGLU width is solved for it."""
+    def build(hidden: int) -> torch.nn.Module:
+        return seqzoo.build("tiny-llama", [f"model.vocab_size={m.vocab}", f"model.dim={m.dim}",
+                                           f"model.layers={m.layers}", "model.attention.heads=4",
+                                           "model.attention.kv_heads=2", f"model.ffn.hidden={hidden}",
+                                           f"model.max_seq_len={max(m.prefill, m.seq)}",
+                                           "model.position.scaling=null"], device="cpu")
+    base = sum(p.numel() for p in build(8).parameters())
+    hidden = max(8, round((params - base) / (3 * m.dim * m.layers)) + 8)
+    return build(hidden)
+
+
+def decode_ms_per_token(model: torch.nn.Module, context: int, vocab: int, steps: int = 32) -> float:
+    """Median milliseconds of one cached decode step (batch 1) after a prompt of ``context`` tokens."""
+    ids = torch.randint(1, vocab, (1, context + steps), generator=torch.Generator().manual_seed(2))
+    times = []
+    with torch.no_grad():
+        cache = model.new_cache(1, context + steps)
+        model(ids[:, :context], cache=cache, logits_to_keep=1)
+        for t in range(context, context + steps):
+            start = time.perf_counter()
+            model(ids[:, t:t + 1], cache=cache, logits_to_keep=1)
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def bench_mamba(table: Table, quick: bool) -> None:
+    """Mamba's training step against transformers' own paths on the same weights (its sequential
+    loop, and mambapy's parallel scan), against a LLaMA-shaped attention model of the same size;
+    decode time per token at two contexts; prefill peak memory against attention."""
+    m = MAMBA_QUICK if quick else MambaShapes()
+    torch.manual_seed(0)
+    slow, fast = hf_mamba(m, use_mambapy=False), hf_mamba(m, use_mambapy=True)
+    fast.load_state_dict(slow.state_dict())
+    ours = imported(slow)
+    attention = attention_twin(m, sum(p.numel() for p in ours.parameters()))
+    counts = {name: sum(p.numel() for p in model.parameters()) for name, model in
+              (("mamba", ours), ("attention", attention))}
+    ids = torch.randint(0, m.vocab, (m.batch, m.seq), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # the three Mamba paths compute the same function
+        ref = fast(ids[:, :32]).logits
+        assert (ours(ids[:, :32]) - ref).abs().max() < 1e-3 and (slow(ids[:, :32]).logits - ref).abs().max() < 1e-3
+    steps = {name: train_step(model) for name, model in
+             (("seqzoo", ours), ("mambapy", fast), ("attention", attention))}
+    times = interleaved({name: (lambda step=step: step(ids)) for name, step in steps.items()}, m.repeats)
+    sequential = train_step(slow)
+    start = time.perf_counter()
+    sequential(ids)  # one step: transformers' default CPU path loops over the T time steps
+    times["transformers"] = (time.perf_counter() - start) * 1000
+    table.add(f"Mamba train step T={m.seq} B={m.batch} C={m.dim} L={m.layers}", times["seqzoo"],
+              {"transformers (sequential)": times["transformers"], "mambapy scan": times["mambapy"]},
+              targets={"transformers (sequential)": 10.0, "mambapy scan": 1.5})
+    # "no more than 1.5x its step time": attention / Mamba >= 1 / 1.5
+    table.add(f"  vs attention, {counts['attention']:,} vs {counts['mamba']:,} params", times["seqzoo"],
+              {"LLaMA-shaped attention": times["attention"]}, targets={"LLaMA-shaped attention": 1 / 1.5})
+    short, long = m.contexts
+    for name, model in (("Mamba", ours.eval()), ("attention", attention.eval())):
+        per_token = {c: statistics.median(decode_ms_per_token(model, c, m.vocab) for _ in range(3))
+                     for c in m.contexts}
+        target = {f"context {short}": 1 / 1.25} if name == "Mamba" else None  # long / short <= 1.25
+        table.add(f"{name} decode ms/token, context {long} (vs {short})", per_token[long],
+                  {f"context {short}": per_token[short]}, targets=target)
+    prompt = torch.randint(0, m.vocab, (1, m.prefill))
+    with torch.no_grad():
+        memory = {name: peak_memory_mb(lambda model=model: model(prompt, logits_to_keep=1))
+                  for name, model in (("mamba", ours), ("attention", attention))}
+    table.add(f"prefill peak memory T={m.prefill}, Mamba vs attention", memory["mamba"],
+              {"attention": memory["attention"]}, unit="MiB", targets={"attention": 1.0})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke test")
     parser.add_argument("--json", metavar="FILE", help="also write the table as JSON")
-    parser.add_argument("--only", nargs="*", choices=["training", "generation", "additive", "import", "compile"])
+    parser.add_argument("--only", nargs="*",
+                        choices=["training", "generation", "additive", "import", "compile", "mamba"])
     parser.add_argument("--worker", choices=TRAINEES, help=argparse.SUPPRESS)  # one isolated training run
     parser.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -357,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(train_worker(args.worker, shapes, args.steps)))
         return 0
-    wanted = set(args.only or ["training", "generation", "additive", "import"] + ([] if args.quick else ["compile"]))
+    wanted = set(args.only or ["training", "generation", "additive", "import", "mamba"]
+                 + ([] if args.quick else ["compile"]))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, shapes {shapes}")
     table = Table()
     if "training" in wanted:
@@ -370,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_import(table, shapes)
     if "compile" in wanted:
         bench_compile(table, shapes)
+    if "mamba" in wanted:
+        bench_mamba(table, args.quick)
     missed = [r["what"] for r in table.rows for c in r["vs"].values() if c["met"] is False]
     print("all targets met" if not missed else f"missed: {'; '.join(missed)}")
     if args.json:

@@ -21,6 +21,9 @@ def test_run_quick_prints_every_comparison(tmp_path):
     assert sum(n.startswith("eager generate") for n in names) == 4
     assert any(n.startswith("additive score peak memory") for n in names)
     assert any(n == "import time" for n in names)
+    mamba = next(row for row in rows if row["what"].startswith("Mamba train step"))
+    assert set(mamba["vs"]) == {"transformers (sequential)", "mambapy scan"}
+    assert sum("decode ms/token" in n for n in names) == 2 and any("prefill peak memory" in n for n in names)
     gpt2 = next(row for row in rows if row["what"] == "train step, GPT-2 shape")
     assert {"transformers", "reference"} <= set(gpt2["vs"]) and gpt2["gflops"]["matmul"] > 0
     seams = next(row for row in rows if row["what"] == "train step, GPT-2, same math as reference")

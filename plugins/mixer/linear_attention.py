@@ -103,7 +103,7 @@ class LinearAttention(Mixer):
         if state is not None:
             state.value = final
         if self.normalize:
-            y = y[..., :-1] / y[..., -1:].clamp(min=1e-6)
+            y = y[..., :-1] / (y[..., -1:] + 1e-6)  # + ε as the reference (fast-transformers)
         return self.out_proj(y.to(x.dtype).reshape(batch, length, -1))
 
     def extra_repr(self) -> str:
