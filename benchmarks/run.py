@@ -359,7 +359,7 @@ class MambaShapes:
     prefill: int = 8192
 
 
-MAMBA_QUICK = MambaShapes(vocab=256, dim=32, layers=2, seq=64, batch=2, state=4, repeats=2,
+MAMBA_QUICK = MambaShapes(vocab=320, dim=32, layers=2, seq=64, batch=2, state=4, repeats=2,
                           contexts=(16, 64), prefill=256)
 
 

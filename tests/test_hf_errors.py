@@ -40,9 +40,9 @@ def edit_tensors(folder, change):
 def test_unsupported_model_type_lists_the_supported_ones(gpt2_folder):
     edit_config(gpt2_folder, model_type="gptj")
     with pytest.raises(seqzoo.CheckpointError,
-                       match=r"model_type 'gptj' is not supported; supported: bert, bloom, gemma2, gemma3_text, "
-                             r"gpt2, gpt_neox, llama, mistral, modernbert, olmo2, phi3, qwen2, qwen3, roberta, "
-                             r"smollm3, t5, xlm-roberta"):
+                       match=r"model_type 'gptj' is not supported; supported: bamba, bert, bloom, falcon_mamba, "
+                             r"gemma2, gemma3_text, gpt2, gpt_neox, llama, mamba, mamba2, mistral, modernbert, olmo2, "
+                             r"phi3, qwen2, qwen3, roberta, smollm3, t5, xlm-roberta"):
         seqzoo.from_hf(gpt2_folder)
 
 
@@ -50,7 +50,7 @@ def test_config_without_model_type_is_an_error(gpt2_folder):
     config = json.loads((gpt2_folder / "config.json").read_text())
     del config["model_type"]
     (gpt2_folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(seqzoo.CheckpointError, match=r"config\.json: no model_type; supported: bert"):
+    with pytest.raises(seqzoo.CheckpointError, match=r"config\.json: no model_type; supported: bamba, bert"):
         seqzoo.from_hf(gpt2_folder)
 
 
@@ -149,8 +149,9 @@ def test_unsupported_config_values_are_named(gpt2_folder, model_type, changes, m
 def test_export_of_a_model_no_family_fits_explains_each_family(tmp_path):
     model = seqzoo.build("tiny-transformer", device="cpu")
     with pytest.raises(seqzoo.CheckpointError,
-                       match=r"no Hugging Face converter can export this encoder_decoder model \(bert: "
-                             r"model\.kind is encoder_decoder, needs encoder; .*t5: model\.position must be t5"):
+                       match=r"no Hugging Face converter can export this encoder_decoder model \(bamba: "
+                             r"model\.kind is encoder_decoder, needs decoder_lm; bert: model\.kind is "
+                             r"encoder_decoder, needs encoder; .*t5: model\.position must be t5"):
         seqzoo.to_hf(model, tmp_path / "out")
 
 
@@ -163,7 +164,7 @@ def test_export_as_a_family_that_does_not_fit_says_why(tmp_path):
 
 def test_export_as_an_unknown_family_lists_the_supported_ones(tmp_path):
     model = seqzoo.build("tiny-gpt", device="cpu")
-    with pytest.raises(seqzoo.CheckpointError, match=r"model_type 'gptj' is not supported; supported: bert"):
+    with pytest.raises(seqzoo.CheckpointError, match=r"model_type 'gptj' is not supported; supported: bamba, bert"):
         seqzoo.to_hf(model, tmp_path / "out", model_type="gptj")
 
 

@@ -81,6 +81,29 @@ def test_mamba_mixer_parameters_follow_the_paper():
     assert dt.min() >= 0.001 - 1e-6 and dt.max() <= 0.1 + 1e-6
 
 
+def test_bcdt_norm_divides_delta_b_and_c_by_their_rms_in_the_scan_and_the_decode_step():
+    """Falcon-Mamba's option: Δ (before dt_proj), B and C each over its own features, x / √(mean x² + ε),
+    in the whole-sequence forward and the decode step alike; the mixer written out by hand in float64."""
+    spec = {"kind": "mamba", "state": 4, "conv": 3, "dt_rank": 3, "bcdt_norm_eps": 0.05}  # an ε that shows
+    mixer = seqzoo.registry().create("mixer", spec, 8).double()
+    x = torch.randn(2, 11, 8, dtype=torch.float64)
+    u, z = mixer.in_proj(x).chunk(2, -1)
+    u = F.silu(mixer.conv1d(F.pad(u.transpose(1, 2), (2, 0))).transpose(1, 2))
+    dt, B, C = (t / (t.pow(2).mean(-1, keepdim=True) + 0.05).sqrt() for t in mixer.x_proj(u).split([3, 4, 4], -1))
+    y, _ = sequential(u, F.softplus(mixer.dt_proj(dt)), -torch.exp(mixer.A_log), B, C, torch.zeros(2, 16, 4).double())
+    expected = mixer.out_proj((y + u * mixer.D) * F.silu(z))
+    t = torch.arange(11)[None]
+    context = seqzoo.interfaces.MixerContext(position=None, q_pos=t, k_pos=t, mask=None, causal=True, prepared={})
+    with torch.no_grad():
+        assert torch.allclose(mixer(x, context), expected, atol=1e-10)
+        state = mixer.new_state(2, 11)
+        steps = [mixer(x[:, i:i + 1], context, state) for i in range(11)]
+    assert torch.allclose(torch.cat(steps, 1), expected, atol=1e-10)
+    plain = seqzoo.registry().create("mixer", {**spec, "bcdt_norm_eps": None}, 8).double()
+    plain.load_state_dict(mixer.state_dict())  # the norm has no weights: the same tensors
+    assert not torch.allclose(plain(x, context), expected, atol=1e-3)
+
+
 # -- Mamba-2's SSD --------------------------------------------------------------------------------
 def ssd_sequential(x, dt, a, B, C, h):
     """The SSD recurrence one token at a time: head h reads group h // (H / G)."""

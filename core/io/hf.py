@@ -167,10 +167,12 @@ def glu_ffn(act: Any, hidden: int, bias: bool, where: str = "config.json") -> di
     return {"kind": "glu", "hidden": hidden, "bias": bias, "activation": kind}
 
 
-def ffn_activation(ffn: dict, tanh_name: str = "gelu_new") -> tuple[str, bool] | None:
-    """(HF activation name, gated?) of a resolved ffn spec, or None when HF has no name for it.
-    ``tanh_name`` is the family's name for tanh-GELU (gelu_new in GPT-2/BERT, gelu_pytorch_tanh in
-    LLaMA)."""
+def ffn_activation(ffn: dict | None, tanh_name: str = "gelu_new") -> tuple[str, bool] | None:
+    """(HF activation name, gated?) of a resolved ffn spec, or None when HF has no name for it (or
+    there is no FFN: ``ffn: null``). ``tanh_name`` is the family's name for tanh-GELU (gelu_new in
+    GPT-2/BERT, gelu_pytorch_tanh in LLaMA)."""
+    if ffn is None:
+        return None
     kind = ffn["kind"]
     gated = kind in ("swiglu", "geglu", "glu")
     if kind in ("gelu", "geglu"):

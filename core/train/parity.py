@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from ..errors import CheckpointError
 from ..io.checkpoint import unwrap
 from ..io.hf import from_hf, to_hf
 from ..nn.generation import generate
@@ -189,3 +192,31 @@ def check_masked_lm_logits(pair: Imported, batch: dict[str, Tensor], *, tol: flo
     diff = max_difference(ours, theirs, None if mask is None else mask.bool())
     assert diff < tol, f"masked-LM logits: max |Δ| = {diff:.2e} ≥ {tol:.0e}"
     return diff
+
+
+def edited_copy(folder: str | Path, target: str | Path, config: dict, *,
+                rename: Callable[[str], str] = lambda name: name, extra: dict[str, Tensor] | None = None) -> Path:
+    """A copy of the Hugging Face folder ``folder`` at ``target`` (made here) with ``config`` as its
+    config.json, its tensors renamed by ``rename`` and joined by ``extra``: an older checkpoint's
+    names, a hand-edited config. Returns ``target``."""
+    folder, target = Path(folder), Path(target)
+    target.mkdir(parents=True)
+    (target / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    tensors = {rename(name): t for name, t in load_file(folder / "model.safetensors").items()}
+    save_file({**tensors, **(extra or {})}, target / "model.safetensors")
+    return target
+
+
+def check_refused(folder: str | Path, target: str | Path, change: dict, match: str) -> str:
+    """``from_hf`` of ``folder`` with ``change`` written into its config.json fails with one
+    CheckpointError line that ``match`` (a regex) finds. Returns the message."""
+    config = {**json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")), **change}
+    try:
+        from_hf(edited_copy(folder, target, config))
+    except CheckpointError as error:
+        message = str(error)
+    else:
+        raise AssertionError(f"config change {change} imported; it should be refused")
+    assert re.search(match, message), f"refusal {message!r} does not match {match!r}"
+    assert "\n" not in message, f"refusal is more than one line: {message!r}"
+    return message

@@ -163,7 +163,7 @@ class Gemma2Converter(LlamaConverter):
             (m["embed_norm"] is None, "model.embed_norm is set; Gemma has none"),
             (m["scale_embeddings"], "model.scale_embeddings is false; Gemma scales embeddings by √C"),
             (act is not None and act[1], "model.ffn must be gated with a Hugging Face activation (GeGLU)"),
-            (not first.ffn["bias"], "model.ffn: Gemma's MLP has no biases"),
+            (not (first.ffn or {}).get("bias"), "model.ffn: Gemma's MLP has no biases"),
             (attn.out_bias in (None, attn.bias), "model.attention: Gemma has q/k/v and output biases alike"),
             (not attn.sinks, "model.attention.sinks is set; Gemma has none"),
             (m["dim"] % attn.heads == 0,

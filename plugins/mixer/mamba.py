@@ -3,6 +3,7 @@
     x, z = in_proj(h)                          each (B, T, E), E = expand·C
     x = SiLU(causal depthwise conv1d(x))       kernel K over time, per channel
     Δ, B, C = x_proj(x)                        Δ of rank R, B and C of N features each
+    Δ, B, C = rms(Δ), rms(B), rms(C)           only with bcdt_norm_eps (Falcon-Mamba), rms: no weight
     Δ = softplus(dt_proj(Δ))                   (B, T, E), a step size per channel and token
     y = scan(x, Δ, A, B, C) + D ⊙ x            A = −exp(A_log) (E, N); see ``_selective_scan``
     out = out_proj(y ⊙ SiLU(z))
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.interfaces import Mixer, MixerContext, MixerState
+from seqzoo.interfaces import Mixer, MixerContext, MixerState, upcast
 from seqzoo.nn.linear import Linear
 from seqzoo.schema import PositiveFloat, PositiveInt
 
@@ -54,18 +55,21 @@ class Mamba(Mixer):
     """state: N, the state features per channel (16). conv: K, the conv kernel (4). expand: E / C (2).
     dt_rank: R (null = ⌈C / 16⌉). bias: biases on in_proj and out_proj (false). conv_bias (true).
     dt_min, dt_max: the range of the initial step sizes (0.001, 0.1), log-uniform as in the paper.
-    chunk: the longest scan chunk (64); it only moves speed and memory."""
+    chunk: the longest scan chunk (64); it only moves speed and memory. bcdt_norm_eps: ε of a weightless
+    RMS norm of Δ (over its R features, before dt_proj), B and C (over their N) each, in float32 (null:
+    none; Falcon-Mamba (Zuo et al., 2024) sets 1e-6 to keep them in scale)."""
 
     causal_only = True
     own_init = True  # A, D and the Δ bias have initialisations of their own
 
     def __init__(self, dim: int, state: PositiveInt = 16, conv: PositiveInt = 4, expand: PositiveInt = 2,
                  dt_rank: PositiveInt | None = None, bias: bool = False, conv_bias: bool = True,
-                 dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1, chunk: PositiveInt = 64) -> None:
+                 dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1, chunk: PositiveInt = 64,
+                 bcdt_norm_eps: PositiveFloat | None = None) -> None:
         super().__init__(dim)
         self.inner, self.state_size, self.kernel = expand * dim, state, conv
         self.dt_rank = dt_rank or math.ceil(dim / 16)
-        self.chunk = chunk
+        self.chunk, self.bcdt_norm_eps = chunk, bcdt_norm_eps
         inner = self.inner
         self.in_proj = Linear(dim, 2 * inner, bias=bias)
         self.conv1d = nn.Conv1d(inner, inner, conv, groups=inner, bias=conv_bias)
@@ -96,6 +100,8 @@ class Mamba(Mixer):
             u = u * real
         u = F.silu(causal_conv(self.conv1d, u, state))
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.state_size, self.state_size], dim=-1)
+        if self.bcdt_norm_eps is not None:  # before the sequence/step split: both paths see it
+            dt, B, C = (F.rms_norm(upcast(t), t.shape[-1:], eps=self.bcdt_norm_eps).to(t.dtype) for t in (dt, B, C))
         dt = F.softplus(self.dt_proj(dt))  # (B, T, E)
         if real is not None:
             dt = dt * real  # Δ = 0: the state neither decays nor takes input
@@ -112,7 +118,8 @@ class Mamba(Mixer):
         return self.out_proj(y)
 
     def extra_repr(self) -> str:
-        return f"inner={self.inner}, state={self.state_size}, conv={self.kernel}, dt_rank={self.dt_rank}"
+        norm = "" if self.bcdt_norm_eps is None else f", bcdt_norm_eps={self.bcdt_norm_eps}"
+        return f"inner={self.inner}, state={self.state_size}, conv={self.kernel}, dt_rank={self.dt_rank}{norm}"
 
 
 @seqzoo.hookimpl

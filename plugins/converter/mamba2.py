@@ -1,0 +1,195 @@
+"""Mamba-2 (Dao & Gu, 2024) <-> ``decoder_lm``: a stack of state-space-dual mixers with no FFN,
+pre-norm RMSNorm, no position scheme (the scan orders the tokens).
+
+Each HF ``Mamba2Block`` is x + mixer(RMSNorm(x)), seqzoo's ``mamba2`` mixer with ``ffn: null``. The
+mixer's tensors keep their names and shapes: ``in_proj`` rows are [z (E) | xBC (E + 2GN) | Δ (H)]
+in both, ``conv1d`` is the same depthwise Conv1d, and the gated norm normalises groups of E / G
+(``MambaRMSNormGated(group_size = intermediate / n_groups)``). One ε, ``layer_norm_epsilon``, serves
+the block norms, ``norm_f`` and the gated norm. ``time_step_limit`` other than (0, ∞) becomes
+``dt_limit``; ``chunk_size`` becomes ``chunk`` (it only moves speed in exact arithmetic).
+
+Two places where seqzoo knowingly differs from transformers' PyTorch path, both outside float32
+parity of the plain forward:
+
+- a finite ``time_step_limit`` clamps Δ in seqzoo's decode step too; transformers clamps it in the
+  chunked scan only (``mamba2_selective_state_update`` ignores it, as mamba_ssm's step does), so its
+  cached decoding disagrees with its own full forward, and seqzoo follows the full forward;
+- with ``use_bias``, transformers zeroes padding *before* ``in_proj``, so a pad position's conv input
+  is the bias, which its convolution carries into the first real tokens; seqzoo zeroes the conv input
+  itself, so a left-padded row equals the row alone (without biases the two agree).
+
+``residual_in_fp32`` (the residual stream in float32 under half precision) is read and ignored:
+seqzoo keeps the residual in the run's dtype, the same thing in float32; exports write false.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from torch import nn
+
+import seqzoo
+from seqzoo.errors import CheckpointError
+from seqzoo.io.hf import CausalLMConverter, Rule, copy, first_problem, kind_of, linear, norm, special_ids
+from seqzoo.nn.layers import layer_plan
+
+#: transformers 5 writes ±inf and NaN in config.json as {"__float__": "Infinity"}.
+SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+#: A time_step_limit that changes nothing (softplus is never negative).
+NO_LIMIT = (0.0, math.inf)
+
+
+def time_step_limit(value: Any) -> list[float] | None:
+    """seqzoo's ``dt_limit`` for a config's ``time_step_limit``: None for (0, ∞), else [lo, hi]."""
+    pair = [SPECIAL_FLOATS.get(v.get("__float__"), v) if isinstance(v, dict) else v
+            for v in value] if isinstance(value, list | tuple) else None
+    if (pair is None or len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int | float) for v in pair)
+            or any(math.isnan(v) for v in pair) or pair[0] > pair[1] or pair[1] <= 0):
+        raise CheckpointError(f"config.json: time_step_limit {value!r} is not supported; it must be a pair "
+                              f"[lo, hi] with lo ≤ hi and hi > 0 ([0.0, Infinity] for none)")
+    return None if (float(pair[0]) <= 0.0 and pair[1] == math.inf) else [float(v) for v in pair]
+
+
+#: Mamba2Config's names of the mixer's options, by seqzoo ``mamba2`` parameter (Bamba has its own).
+NAMES = {"heads": "num_heads", "head_dim": "head_dim", "state": "state_size", "groups": "n_groups",
+         "conv": "conv_kernel", "expand": "expand", "bias": "use_bias", "conv_bias": "use_conv_bias",
+         "chunk": "chunk_size"}
+
+
+def mixer_spec(c: Mapping, names: Mapping[str, str], dim: int, eps: float) -> dict:
+    """The ``mamba2`` mixer spec for config ``c`` (defaults filled in) whose options are called
+    ``names``, or a CheckpointError naming the first option seqzoo cannot express."""
+    get = {key: c[name] for key, name in names.items()}
+    heads, head_dim, groups, expand = get["heads"], get["head_dim"], get["groups"], get["expand"]
+    for key in ("heads", "head_dim", "state", "groups", "conv", "expand", "chunk"):
+        if isinstance(get[key], bool) or not isinstance(get[key], int) or get[key] < 1:
+            raise CheckpointError(f"config.json: {names[key]} {get[key]!r} is not supported; it must be a "
+                                  f"positive integer")
+    if heads * head_dim != expand * dim:
+        raise CheckpointError(f"config.json: {names['heads']} {heads} × {names['head_dim']} {head_dim} = "
+                              f"{heads * head_dim} must equal {names['expand']}·hidden_size = {expand * dim}")
+    if heads % groups:
+        raise CheckpointError(f"config.json: {names['groups']} {groups} is not supported; it must divide "
+                              f"{names['heads']} {heads}")
+    return {"kind": "mamba2", "state": get["state"], "head_dim": head_dim, "groups": groups, "conv": get["conv"],
+            "expand": expand, "bias": get["bias"], "conv_bias": get["conv_bias"], "norm_eps": eps,
+            "dt_limit": time_step_limit(c["time_step_limit"]), "chunk": get["chunk"]}
+
+
+def mixer_config(spec: Mapping, names: Mapping[str, str], dim: int) -> dict:
+    """config.json's mixer options (called ``names``) for a resolved ``mamba2`` spec."""
+    values = {**{key: spec[key] for key in names if key != "heads"}, "heads": spec["expand"] * dim // spec["head_dim"]}
+    out = {name: values[key] for key, name in names.items()}
+    if spec["dt_limit"] is not None:  # else the configs' default (0, ∞), which JSON cannot spell portably
+        out["time_step_limit"] = [float(v) for v in spec["dt_limit"]]
+    return out
+
+
+def mixer_rules(ours: str, theirs: str, spec: Mapping) -> list[Rule]:
+    """A ``mamba2`` mixer's tensors (seqzoo prefix ``ours``, HF prefix ``theirs``): same names, same
+    shapes."""
+    rules = [copy(ours + name, theirs + name) for name in ("A_log", "D", "dt_bias", "norm.weight")]
+    rules += linear(ours + "in_proj", theirs + "in_proj", spec["bias"])
+    rules += linear(ours + "conv1d", theirs + "conv1d", spec["conv_bias"])
+    return rules + linear(ours + "out_proj", theirs + "out_proj", spec["bias"])
+
+
+def mixer_problem(spec: Mapping, eps: float, family: str) -> str | None:
+    """Why a resolved ``mamba2`` spec has no HF form (the family has one ε, ``eps``), or None."""
+    limit = spec["dt_limit"]
+    return first_problem(
+        (spec["norm_eps"] == eps, f"model.mixer.norm_eps {spec['norm_eps']} must equal model.norm.eps {eps} "
+                                  f"({family} has one ε)"),
+        (limit is None or (len(limit) == 2 and limit[0] <= limit[1]),
+         f"model.mixer.dt_limit {limit} must be a pair [lo, hi] with lo ≤ hi"),
+    )
+
+
+class Mamba2Converter(CausalLMConverter):
+    """config.json keys: hidden_size, num_hidden_layers, num_heads, head_dim, state_size, n_groups,
+    conv_kernel, expand, use_bias, use_conv_bias, hidden_act (silu), layer_norm_epsilon,
+    time_step_limit, time_step_min/max (initial Δ), chunk_size, tie_word_embeddings,
+    initializer_range; residual_in_fp32, rescale_prenorm_residual, time_step_floor and
+    time_step_rank change nothing seqzoo computes."""
+
+    model_type = "mamba2"
+    architecture = "Mamba2ForCausalLM"
+    base_prefix = "backbone."
+    embedding = "backbone.embeddings.weight"
+    defaults = {"vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "num_heads": 128,
+                "head_dim": 64, "state_size": 128, "n_groups": 8, "conv_kernel": 4, "expand": 2,
+                "use_bias": False, "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5,
+                "time_step_limit": NO_LIMIT, "time_step_min": 0.001, "time_step_max": 0.1, "chunk_size": 256,
+                "tie_word_embeddings": False, "initializer_range": 0.1}
+    #: seqzoo has no position table; the state takes any length.
+    max_seq_len = 1048576
+
+    def config(self, config: dict) -> dict:
+        c = {**self.defaults, **config}
+        if c["hidden_act"] != "silu":
+            raise CheckpointError(f"config.json: hidden_act {c['hidden_act']!r} is not supported for mamba2; "
+                                  f"seqzoo's Mamba-2 mixer uses silu")
+        return c
+
+    def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
+        c = self.config(config)
+        dim, eps = c["hidden_size"], c["layer_norm_epsilon"]
+        mixer = mixer_spec(c, NAMES, dim, eps)
+        mixer.update(dt_min=c["time_step_min"], dt_max=c["time_step_max"])
+        return {"model": {
+            "kind": "decoder_lm", "vocab_size": c["vocab_size"], "dim": dim, "layers": c["num_hidden_layers"],
+            "max_seq_len": self.max_seq_len, "position": "none", "norm": {"kind": "rmsnorm", "eps": eps},
+            "placement": "pre", "attention": {"heads": 1},  # unused: every layer is a Mamba-2 mixer
+            "mixer": mixer, "ffn": None, "tie_embeddings": c["tie_word_embeddings"],
+            "init_std": c["initializer_range"],
+        }}
+
+    def canonical_names(self, names: Collection[str]) -> dict[str, str]:
+        # Mamba2Model's load hook reads older checkpoints' ``embedding.weight`` as ``embeddings.weight``.
+        out = super().canonical_names(names)
+        return {k.replace(".embedding.", ".embeddings.") if k.endswith("embedding.weight") else k: v
+                for k, v in out.items()}
+
+    def rules(self, config: dict, recipe: dict) -> list[Rule]:
+        spec = recipe["model"]["mixer"]
+        rules = []
+        for i in range(recipe["model"]["layers"]):
+            b, h = f"decoder.blocks.{i}.", f"backbone.layers.{i}."
+            rules += norm(b + "attn_norm", h + "norm", False) + mixer_rules(b + "attn.", h + "mixer.", spec)
+        return rules + self.ends(recipe, "backbone.norm_f", False)
+
+    def accepts(self, recipe: dict) -> str | None:
+        m = recipe["model"]
+        if m["kind"] != "decoder_lm":
+            return f"model.kind is {m['kind']}, needs decoder_lm"
+        plans = layer_plan(m)
+        first = plans[0]
+        return first_problem(
+            (all(p == first for p in plans), "model.pattern: layers differ; Mamba-2's layers are all alike"),
+            (first.mixer["kind"] == "mamba2", f"model.mixer is {first.mixer['kind']}, needs mamba2"),
+            (first.ffn is None, "model.ffn is set; a Mamba-2 layer has no FFN (ffn: null)"),
+            (kind_of(first.position) == "none", f"model.position is {kind_of(first.position)}, needs none"),
+            (kind_of(first.norm) == "rmsnorm", f"model.norm is {kind_of(first.norm)}, needs rmsnorm"),
+            (first.placement == "pre", f"model.placement is {first.placement}, needs pre"),
+            (first.residual == "sequential", f"model.residual is {first.residual}, needs sequential"),
+            (first.attn_norm, "model.layer_types: attn_norm false; every Mamba-2 block has its norm"),
+            (m["embed_norm"] is None, "model.embed_norm is set; Mamba-2 has none"),
+            (not m["scale_embeddings"], "model.scale_embeddings is true; Mamba-2 has none"),
+            (m["final_softcap"] is None, "model.final_softcap is set; Mamba-2 has none"),
+        ) or mixer_problem(first.mixer, first.norm["eps"], "Mamba-2")
+
+    def hf_config(self, model: nn.Module) -> dict:
+        m = model.recipe["model"]
+        spec = layer_plan(m)[0].mixer
+        return {"vocab_size": m["vocab_size"], "hidden_size": m["dim"], "num_hidden_layers": m["layers"],
+                **mixer_config(spec, NAMES, m["dim"]), "hidden_act": "silu", "layer_norm_epsilon": m["norm"]["eps"],
+                "time_step_min": spec["dt_min"], "time_step_max": spec["dt_max"],
+                "residual_in_fp32": False, "tie_word_embeddings": m["tie_embeddings"],
+                "initializer_range": m["init_std"], **special_ids(model)}
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("converter", "mamba2", Mamba2Converter,
+                             summary="Hugging Face Mamba-2 <-> decoder_lm (SSD mixers, grouped B/C, gated norm)")]
