@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_gpt import ReferenceGPT  # noqa: E402
 
 import seqzoo  # noqa: E402
+from seqzoo.lab.measure import decode_ms_per_token, parameters, peak_memory_mb, with_parameter_count  # noqa: E402
 
 
 @dataclass
@@ -282,20 +283,6 @@ def bench_generation(table: Table, s: Shapes, quick: bool) -> None:
                       {"transformers": times["transformers"]})
 
 
-def peak_memory_mb(fn: Callable[[], object]) -> float:
-    """Peak bytes allocated by CPU tensors during ``fn`` (torch profiler memory events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    current = peak = 0
-    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
-    for event in events:
-        current += event.cpu_memory_usage
-        peak = max(peak, current)
-    return peak / 2 ** 20
-
-
 def bench_additive(table: Table, s: Shapes, quick: bool) -> None:
     t = 128 if quick else 1024
     width = 32 if quick else 128
@@ -372,31 +359,15 @@ def hf_mamba(m: MambaShapes, **kw):
 
 
 def attention_twin(m: MambaShapes, params: int) -> torch.nn.Module:
-    """A LLaMA-shaped seqzoo model (RoPE, GQA 4/2, SwiGLU) with the Mamba model's parameter count
-    within a few percent: the SwiGLU width is solved for it."""
-    def build(hidden: int) -> torch.nn.Module:
+    """A LLaMA-shaped seqzoo model (RoPE, GQA 4/2, SwiGLU, the head tied as Mamba's is) with the
+    Mamba model's parameter count within a few percent: the SwiGLU width is solved for it."""
+    def build(hidden: int, device: str = "cpu") -> torch.nn.Module:
         return seqzoo.build("tiny-llama", [f"model.vocab_size={m.vocab}", f"model.dim={m.dim}",
                                            f"model.layers={m.layers}", "model.attention.heads=4",
                                            "model.attention.kv_heads=2", f"model.ffn.hidden={hidden}",
                                            f"model.max_seq_len={max(m.prefill, m.seq)}",
-                                           "model.position.scaling=null"], device="cpu")
-    base = sum(p.numel() for p in build(8).parameters())
-    hidden = max(8, round((params - base) / (3 * m.dim * m.layers)) + 8)
-    return build(hidden)
-
-
-def decode_ms_per_token(model: torch.nn.Module, context: int, vocab: int, steps: int = 32) -> float:
-    """Median milliseconds of one cached decode step (batch 1) after a prompt of ``context`` tokens."""
-    ids = torch.randint(1, vocab, (1, context + steps), generator=torch.Generator().manual_seed(2))
-    times = []
-    with torch.no_grad():
-        cache = model.new_cache(1, context + steps)
-        model(ids[:, :context], cache=cache, logits_to_keep=1)
-        for t in range(context, context + steps):
-            start = time.perf_counter()
-            model(ids[:, t:t + 1], cache=cache, logits_to_keep=1)
-            times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+                                           "model.tie_embeddings=true", "model.position.scaling=null"], device=device)
+    return with_parameter_count(build, params)
 
 
 def bench_mamba(table: Table, quick: bool) -> None:
@@ -408,9 +379,8 @@ def bench_mamba(table: Table, quick: bool) -> None:
     slow, fast = hf_mamba(m, use_mambapy=False), hf_mamba(m, use_mambapy=True)
     fast.load_state_dict(slow.state_dict())
     ours = imported(slow)
-    attention = attention_twin(m, sum(p.numel() for p in ours.parameters()))
-    counts = {name: sum(p.numel() for p in model.parameters()) for name, model in
-              (("mamba", ours), ("attention", attention))}
+    attention = attention_twin(m, parameters(ours))
+    counts = {"mamba": parameters(ours), "attention": parameters(attention)}
     ids = torch.randint(0, m.vocab, (m.batch, m.seq), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():  # the three Mamba paths compute the same function
         ref = fast(ids[:, :32]).logits

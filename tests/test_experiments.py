@@ -75,3 +75,53 @@ def test_gradient_by_distance_follows_the_chain_rule_for_a_tanh_rnn():
             expected.append(grad.norm(dim=-1).mean())
             grad = ((1 - hs[t] ** 2) * grad) @ cell.weight_hh
     torch.testing.assert_close(norms, torch.stack(expected), rtol=1e-5, atol=1e-7)
+
+
+# -- linear-time and recall: their measurements and their data ------------------------------------
+def test_mqar_batch_lists_pairs_then_asks_every_key_once_with_its_value_as_the_target():
+    from seqzoo.lab.recall import FIRST, IGNORE, mqar_batch
+
+    ids, targets = mqar_batch(5, 6, 10, torch.Generator().manual_seed(3))
+    assert ids.shape == targets.shape == (5, 24)
+    for row, target in zip(ids.tolist(), targets.tolist()):
+        keys, values = row[0:12:2], row[1:12:2]
+        assert len(set(keys)) == 6 and all(FIRST <= k < FIRST + 10 for k in keys)
+        assert all(FIRST + 10 <= v < FIRST + 20 for v in values)
+        pairs = dict(zip(keys, values))
+        asked, answers = row[12::2], row[13::2]
+        assert sorted(asked) == sorted(keys)  # every key asked once, in some order
+        assert answers == [pairs[k] for k in asked]
+        # a target at each queried key (its value, the next token), none anywhere else
+        assert [t for t in target if t != IGNORE] == answers
+        assert all(target[i] == IGNORE for i in range(24) if not (i >= 12 and i % 2 == 0))
+
+
+def test_peak_memory_counts_what_is_alive_at_once():
+    from seqzoo.lab.measure import peak_memory_mb
+
+    def work():
+        a = torch.ones(1 << 20)          # 4 MiB
+        b = a * 2                        # 8 MiB alive
+        del a
+        c = b + 1                        # b and c: 8 MiB again, never 12
+        return float(c.sum())
+
+    assert peak_memory_mb(work) == pytest.approx(8.0, abs=0.05)
+
+
+def test_loglog_slope_and_a_solved_parameter_count():
+    from seqzoo.lab.measure import loglog_slope, parameters, with_parameter_count
+
+    xs = [256, 512, 1024, 4096]
+    assert loglog_slope(xs, [3 * x ** 2 for x in xs]) == pytest.approx(2.0)
+    assert loglog_slope(xs, [7 * x + 0 for x in xs]) == pytest.approx(1.0)
+
+    def build(hidden, device="cpu"):
+        return seqzoo.build("tiny-mamba", [f"model.ffn={{kind: swiglu, hidden: {hidden}}}"], device=device)
+
+    # each unit of SwiGLU width is 3·C = 192 parameters in each of 4 layers: 768
+    exact = parameters(build(100, device="meta"))
+    assert with_parameter_count(build, exact).decoder.blocks[0].ffn.hidden == 100
+    assert with_parameter_count(build, exact + 300).decoder.blocks[0].ffn.hidden == 100  # nearer 100 than 101
+    assert with_parameter_count(build, exact + 500).decoder.blocks[0].ffn.hidden == 101
+    assert with_parameter_count(build, 1000).decoder.blocks[0].ffn.hidden == 8  # below the least width

@@ -231,3 +231,50 @@ def test_a_mamba_layer_has_no_feed_forward_sublayer_and_the_hybrid_keeps_both_st
     assert kinds == ["Mamba2", "Mamba2", "Mamba2", "MultiHeadAttention"] * 2
     cache = hybrid.new_cache(1, 16)
     assert [type(s).__name__ for s in cache.states[:4]] == ["MambaState"] * 3 + ["KVSlice"]
+
+
+# -- segments: long sequences without autograd ------------------------------------------------------
+SEGMENTED = [{"kind": "mamba", "state": 4}, {"kind": "mamba2", "state": 4, "head_dim": 8, "groups": 2},
+             {"kind": "linear_attention", "heads": 2, "decay": "retnet"}]
+
+
+@pytest.mark.parametrize("spec", SEGMENTED, ids=lambda s: s["kind"])
+def test_without_autograd_a_long_sequence_runs_in_segments_equal_to_the_whole(spec, monkeypatch):
+    """Segments of 8 over 150 tokens (a left-padded row, a pad run crossing a segment's end, a
+    state that continues): the same outputs and the same state as one pass with autograd on."""
+    segments = pytest.importorskip("seqzoo.plugins.mixer._segments")
+    mixer = seqzoo.registry().create("mixer", spec, 16)
+    x = torch.randn(2, 150, 16)
+    padding = torch.ones(2, 150, dtype=torch.long)
+    padding[1, :11] = 0  # row 1 starts 11 tokens late: its pads cross the first segment boundary
+    t = torch.arange(150)[None]
+    context = seqzoo.interfaces.MixerContext(position=None, q_pos=t, k_pos=t, mask=None, causal=True,
+                                             prepared={}, padding=padding)
+    whole_state, cut_state = mixer.new_state(2, 150), mixer.new_state(2, 150)
+    whole = mixer(x, context, whole_state).detach()  # autograd on: the plain pass
+    calls = []
+    forward = type(mixer).forward
+    monkeypatch.setattr(type(mixer), "forward", lambda self, *a: calls.append(a[0].shape[1]) or forward(self, *a))
+    monkeypatch.setattr(segments, "SEGMENT", 8)
+    with torch.no_grad():
+        cut = mixer(x, context, cut_state)
+    assert calls[0] == 150 and set(calls[1:]) <= {8, 6} and len(calls) == 1 + 19  # 18 × 8 + 6
+    torch.testing.assert_close(cut, whole, atol=1e-5, rtol=1e-5)
+    for name, value in vars(whole_state).items():
+        torch.testing.assert_close(getattr(cut_state, name), value.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_segments_bound_the_memory_of_a_long_forward_without_autograd(monkeypatch):
+    from seqzoo.lab.measure import peak_memory_mb
+    segments = pytest.importorskip("seqzoo.plugins.mixer._segments")
+    mixer = seqzoo.registry().create("mixer", {"kind": "mamba", "state": 16}, 64)
+    x = torch.randn(1, 4096, 64)
+    t = torch.arange(4096)[None]
+    context = seqzoo.interfaces.MixerContext(position=None, q_pos=t, k_pos=t, mask=None, causal=True, prepared={})
+    with torch.no_grad():
+        monkeypatch.setattr(segments, "SEGMENT", 1 << 20)  # one pass
+        whole = peak_memory_mb(lambda: mixer(x, context))
+        monkeypatch.setattr(segments, "SEGMENT", 512)
+        cut = peak_memory_mb(lambda: mixer(x, context))
+    # the output (1 MiB) is the only T-long tensor left; one pass holds several (B, T, E) ones
+    assert cut < whole / 3, (cut, whole)

@@ -10,10 +10,15 @@
 - ``vanishing-gradients``: ‖∂L/∂h_t‖ against the distance T−1−t for rnn, lstm and gru cells at
   their random initialisation, plus an LSTM with forget-gate bias +1 (Bengio et al., 1994;
   Hochreiter & Schmidhuber, 1997; Gers et al., 2000).
+- ``linear-time`` (``seqzoo.lab.linear_time``): training-step time and memory against sequence
+  length, and decode time per token, for attention, Mamba, Mamba-2 and linear attention.
+- ``recall`` (``seqzoo.lab.recall``): multi-query associative recall against the number of pairs,
+  for attention, Mamba, Mamba-2 and a 1-in-4 hybrid (Arora et al., 2023).
 
 Each writes ``NAME.md`` (a markdown table), ``NAME.json`` and ``NAME.png`` into the output folder.
-Training goes through ``seqzoo.train.training.train`` and scoring through ``Examples``' greedy decoding,
-with every seed fixed; ``quick`` runs a tiny version in seconds (for tests). Runs use one CPU
+The text-task experiments train through ``seqzoo.train.training.train`` and score through
+``Examples``' greedy decoding; ``recall`` has its own token-level loop (its loss counts the
+recalled values only). Every seed is fixed; ``quick`` runs a tiny version in seconds (for tests). Runs use one CPU
 thread by default: these models are so small that extra threads mostly add synchronisation, and
 on shared cores they make a run several times slower.
 """
@@ -24,7 +29,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -34,33 +39,9 @@ from ..files import write_text_atomic
 from ..io.build import build
 from ..registry import registry, tokenizer
 from ..train.training import Examples, TrainConfig, example_rng, train
+from . import linear_time, recall
 from .plots import figure, require_matplotlib, save_figure
-
-
-@dataclass
-class ExperimentResult:
-    """A finished experiment: a table (``columns`` × ``rows``), its settings, the raw series
-    behind the picture (``data``), what the run showed in words (``notes``), and its run time."""
-
-    name: str
-    title: str
-    columns: list[str]
-    rows: list[list]
-    settings: dict
-    data: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def markdown(self) -> str:
-        """The table as GitHub markdown (numbers with three decimals)."""
-        def cell(value) -> str:
-            if isinstance(value, float):
-                return f"{value:.3g}" if abs(value) < 1e-2 and value != 0 else f"{value:.3f}"
-            return str(value)
-
-        lines = [f"| {' | '.join(self.columns)} |", "|" + "---|" * len(self.columns)]
-        lines += [f"| {' | '.join(cell(v) for v in row)} |" for row in self.rows]
-        return "\n".join(lines)
+from .result import ExperimentResult
 
 
 def _build(recipe: str, overrides: list[str], seed: int):
@@ -263,13 +244,24 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "extrapolation": extrapolation,
     "seq2seq-attention": seq2seq_attention,
     "vanishing-gradients": vanishing_gradients,
+    "linear-time": linear_time.linear_time,
+    "recall": recall.recall,
+}
+#: Experiments that draw their own picture: name -> (draw(result, fig), (width, height) in inches).
+DRAWERS: dict[str, tuple[Callable, tuple[float, float]]] = {
+    "linear-time": (linear_time.draw, (10.5, 4.0)),
+    "recall": (recall.draw, (10.0, 4.0)),
 }
 
 
 def draw(result: ExperimentResult, path: str | os.PathLike) -> str:
     """The experiment's picture (matplotlib, lazily imported) into ``path``."""
     data = result.data
-    if result.name == "vanishing-gradients":
+    if result.name in DRAWERS:
+        drawer, size = DRAWERS[result.name]
+        fig = figure(*size)
+        drawer(result, fig)
+    elif result.name == "vanishing-gradients":
         fig = figure(6.4, 4.2)
         ax = fig.subplots()
         for name, norm in data["norm"].items():

@@ -25,6 +25,7 @@ from seqzoo.interfaces import Mixer, MixerContext, MixerState
 from seqzoo.nn.linear import Linear
 from seqzoo.schema import PositiveInt
 
+from ._segments import in_segments
 from ._ssd import ssd_scan, ssd_step
 
 FEATURE_MAPS = ("elu", "identity")
@@ -83,7 +84,11 @@ class LinearAttention(Mixer):
         return F.elu(x) + 1 if self.feature_map == "elu" else x
 
     def forward(self, x: Tensor, context: MixerContext, state: LinearAttentionState | None = None) -> Tensor:
-        """x (B, T, C) -> (B, T, C); continues from and updates ``state``."""
+        """x (B, T, C) -> (B, T, C); continues from and updates ``state``. Without autograd, long
+        sequences run in segments (``_segments``)."""
+        segmented = in_segments(self, x, context, state)
+        if segmented is not None:
+            return segmented
         batch, length, _ = x.shape
         q, k, v = self.qkv_proj(x).unflatten(-1, (3, self.heads, self.head_dim)).unbind(2)  # (B, T, H, D)
         q, k = self._phi(q), self._phi(k)

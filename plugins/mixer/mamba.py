@@ -26,6 +26,7 @@ from seqzoo.interfaces import Mixer, MixerContext, MixerState, upcast
 from seqzoo.nn.linear import Linear
 from seqzoo.schema import PositiveFloat, PositiveInt
 
+from ._segments import in_segments
 from ._selective_scan import selective_scan, selective_step
 
 
@@ -93,7 +94,11 @@ class Mamba(Mixer):
                                       dtype=torch.promote_types(dtype, torch.float32)))
 
     def forward(self, x: Tensor, context: MixerContext, state: MambaState | None = None) -> Tensor:
-        """x (B, T, C) -> (B, T, C); continues from and updates ``state``."""
+        """x (B, T, C) -> (B, T, C); continues from and updates ``state``. Without autograd, long
+        sequences run in segments (``_segments``)."""
+        segmented = in_segments(self, x, context, state)
+        if segmented is not None:
+            return segmented
         real = None if context.padding is None else context.padding.to(x.dtype)[..., None]  # (B, T, 1)
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
         if real is not None:

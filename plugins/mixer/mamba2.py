@@ -23,6 +23,7 @@ from seqzoo.interfaces import Mixer, MixerContext
 from seqzoo.nn.linear import Linear
 from seqzoo.schema import PositiveFloat, PositiveInt
 
+from ._segments import in_segments
 from ._ssd import ssd_scan, ssd_step
 from .mamba import MambaState, causal_conv
 
@@ -83,7 +84,11 @@ class Mamba2(Mixer):
                                       dtype=torch.promote_types(dtype, torch.float32)))
 
     def forward(self, x: Tensor, context: MixerContext, state: MambaState | None = None) -> Tensor:
-        """x (B, T, C) -> (B, T, C); continues from and updates ``state``."""
+        """x (B, T, C) -> (B, T, C); continues from and updates ``state``. Without autograd, long
+        sequences run in segments (``_segments``)."""
+        segmented = in_segments(self, x, context, state)
+        if segmented is not None:
+            return segmented
         batch, length, _ = x.shape
         real = None if context.padding is None else context.padding.to(x.dtype)[..., None]  # (B, T, 1)
         z, xBC, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
