@@ -50,10 +50,32 @@ def test_chunked_scan_in_float32_stays_close_to_float64():
 def test_chunk_length_keeps_every_chunk_within_the_log_decay_limit():
     u, dt, A, B, C, h = inputs(0.5, length=64)
     length = chunk_length(dt, A, 64)
-    assert 1 < length < 64  # steep enough that a whole chunk of 64 would overflow e^±80
+    assert 1 < length < 64  # steep enough that a whole chunk of 64 would pass e^±40
     per_chunk = dt[:, : 64 // length * length].unflatten(1, (-1, length)).sum(2) * A.abs().amax(-1)
     assert per_chunk.max() <= LOG_DECAY_LIMIT
     assert chunk_length(torch.zeros_like(dt), A, 64) == 64
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.1, 0.3, 1.0])  # chunks of 64 down to a few tokens
+def test_float32_gradients_of_the_scan_match_the_float64_recurrence(scale):
+    """Every input's gradient, float32 chunked scan against float64 autograd through the sequential
+    recurrence, at decays that fill chunks up to the log-decay limit (a division by exp(S) there
+    had a gradient through 1 / exp(S)², which overflowed past |S| = 44 and gave NaN)."""
+    u, dt, A, B, C, h = inputs(scale, length=100)
+    weights = torch.randn(2, 100, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def grads(scan, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (u, dt, A, B, C, h)]
+        y, last = scan(*leaves)
+        ((y * weights.to(dtype)).sum() + last.sum()).backward()
+        return [leaf.grad.double() for leaf in leaves]
+
+    expected = grads(sequential, torch.float64)
+    got = grads(selective_scan, torch.float32)
+    assert chunk_length(dt, A, 64) < 64 or scale == 0.01
+    for name, g, e in zip("u dt A B C h".split(), got, expected):
+        assert torch.isfinite(g).all(), name
+        assert (g - e).abs().max() <= 1e-4 * e.abs().max(), name
 
 
 def test_zero_steps_leave_the_state_unchanged():
