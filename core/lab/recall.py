@@ -40,8 +40,8 @@ MIXERS: dict[str, list[str]] = {
                    "model.layer_types={ssm: {}, attention: {mixer: attention}}",
                    "model.pattern=[ssm, ssm, ssm, attention]"],
 }
-FULL = {"dim": 64, "layers": 4, "hidden": 172, "keys": 64, "pairs": [4, 8, 16, 32, 64], "steps": 2000,
-        "batch": 64, "lr": 2e-3, "warmup": 100, "eval": 256, "seeds": [0, 1]}
+FULL = {"dim": 64, "layers": 4, "hidden": 172, "keys": 64, "pairs": [4, 8, 16, 32], "steps": 3000,
+        "batch": 64, "lr": 3e-3, "warmup": 200, "eval": 256, "seeds": [0, 1]}
 QUICK = {"dim": 32, "layers": 4, "hidden": 88, "keys": 16, "pairs": [2, 4], "steps": 4, "batch": 8, "lr": 2e-3,
          "warmup": 1, "eval": 8, "seeds": [0]}
 #: Token ids: keys from FIRST, values right after them (the bytes vocabulary holds both).
@@ -69,7 +69,7 @@ def models(shape: dict, seed: int) -> dict[str, torch.nn.Module]:
         def make(hidden: int, device: str = "cpu") -> torch.nn.Module:
             torch.manual_seed(seed)
             return build("tiny-llama", [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}",
-                                        f"model.attention.heads={shape.get('heads', 4)}", "model.attention.kv_heads=null",
+                                        "model.attention.heads=4", "model.attention.kv_heads=null",
                                         "model.position.scaling=null", "model.max_seq_len=512",
                                         "model.tie_embeddings=true", f"model.ffn.hidden={hidden}", *extra],
                          device=device, dtype="float32")
@@ -83,7 +83,7 @@ def train_mqar(model: torch.nn.Module, shape: dict, seed: int) -> list[float]:
     """AdamW (weight decay 0.1) with linear warm-up and cosine decay; at each step N is drawn from
     ``shape['pairs']``. Returns the loss of every step."""
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=shape["lr"], weight_decay=shape.get("wd", 0.1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=shape["lr"], weight_decay=0.1)
     steps, warmup = shape["steps"], shape["warmup"]
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
         1 + math.cos(math.pi * min(1.0, s / steps))))
