@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..config import TrainConfig  # the train: section's schema; still importable from here
 from ..errors import SeqzooError
-from ..interfaces import LanguageModel, MaskedLanguageModel, Task, Tokenizer
+from ..interfaces import LanguageModel, MaskedLanguageModel, Task, Tokenizer, auxiliary_losses, auxiliary_statistics
 from ..io.checkpoint import check_can_save, read_extras, save, unwrap
 from ..nn.generation import generate
 from ..registry import registry
@@ -364,8 +364,8 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     with _StopRequests() as stop:
         try:
             for step in range(start, last):
-                loss, batch = _one_step(step, config, task, examples, runner, model, optimizer,
-                                        autocast, device, dist_info, output)
+                loss, batch, signals = _one_step(step, config, task, examples, runner, model, optimizer,
+                                                 autocast, device, dist_info, output)
                 done = step + 1
                 tokens_seen += examples.tokens(batch)
                 if done % config.log_every == 0 or done == last:
@@ -373,9 +373,13 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
                     entry = {"step": done, "loss": dist_info.average(loss, device),
                              "lr": optimizer.param_groups[0]["lr"],
                              "tokens_per_s": tokens_seen * dist_info.world / max(elapsed, 1e-9)}
+                    if signals:  # a mixture of experts: its auxiliary losses and expert load
+                        entry["aux"] = {k: dist_info.average(v, device) for k, v in signals.items()}
+                        entry.update(auxiliary_statistics(model))
                     history.append(entry)
                     tokens_seen, window_start = 0, time.perf_counter()
-                    bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}")
+                    bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}",
+                                    **{k: f"{v:.3f}" for k, v in entry.get("aux", {}).items()})
                 bar.update(1)
                 if config.eval_every and done % config.eval_every == 0 and done != last and history:
                     interim = examples.evaluate(model, config, device)
@@ -400,25 +404,29 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
 
 def _one_step(step: int, config: TrainConfig, task: Task, examples: Examples, runner: nn.Module,
               model: nn.Module, optimizer: torch.optim.Optimizer, autocast, device: torch.device,
-              dist_info: Distributed, output: str | None) -> tuple[float, dict[str, Tensor]]:
-    """One optimizer step on the batch of ``step`` -> (its loss, the batch)."""
+              dist_info: Distributed, output: str | None) -> tuple[float, dict[str, Tensor], dict[str, float]]:
+    """One optimizer step on the batch of ``step`` -> (its loss, the batch, the auxiliary losses'
+    values). The objective is the loss plus Σ coefficient·auxiliary loss (a mixture of experts'
+    balancing and z-losses); the loss reported is the task's alone, comparable across models."""
     rng = example_rng(config.seed, step, dist_info.rank)
     batch = examples.batch([task.example(rng) for _ in range(config.batch_size)], device, rng)
     for group in optimizer.param_groups:
         group["lr"] = config.lr * lr_factor(step, config)
     with autocast:
         loss = examples.loss(runner, batch)
-    if not torch.isfinite(loss):
+        extra, signals = auxiliary_losses(model)
+    objective = loss if extra is None else loss + extra
+    if not torch.isfinite(objective):
         raise TrainingError(
-            f"step {step + 1}: the loss is {loss.item()}; stopped"
+            f"step {step + 1}: the loss is {objective.item()}; stopped"
             + (f", {output} keeps the last good checkpoint" if output else "")
             + " (lower train.lr or set train.grad_clip)")
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    objective.backward()
     if config.grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
-    return loss.item(), batch
+    return loss.item(), batch, signals
 
 
 def _save_or_rescue(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer,
