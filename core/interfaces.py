@@ -287,6 +287,13 @@ class Mixer(nn.Module):
         """An empty decoding state for ``batch`` rows and up to ``max_len`` tokens."""
         raise NotImplementedError(f"{type(self).__name__} must implement new_state(batch, max_len)")
 
+    @classmethod
+    def position_dims(cls, spec: dict, dim: int) -> tuple[int, int] | None:
+        """(head_dim, heads) the layer's position scheme must be built for, when this mixer's own
+        spec decides them (latent attention rotates only its d_r-wide part); None: the model's
+        ``attention:`` section does."""
+        return None
+
     def forward(self, x: Tensor, context: MixerContext, state: MixerState | None = None) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward(x, context, state)")

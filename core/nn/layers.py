@@ -277,11 +277,13 @@ def build_stack(model: dict, *, layers_key: str = "layers", causal: bool, cross:
     schemes: dict[str, PositionScheme] = {}
     layer_scheme = []
     base = model["attention"]
-    for spec, config in [(model["position"], base), *((plan.position, plan.attention) for plan in plans)]:
-        d = config.head_dim or dim // config.heads
-        key = repr((sorted(spec.items()) if isinstance(spec, dict) else spec, d, config.heads))
+    for spec, config, mixer in [(model["position"], base, None),
+                                *((plan.position, plan.attention, plan.mixer) for plan in plans)]:
+        own = registry().get("mixer", mixer["kind"]).cls.position_dims(mixer, dim) if mixer else None
+        d, heads = own or (config.head_dim or dim // config.heads, config.heads)
+        key = repr((sorted(spec.items()) if isinstance(spec, dict) else spec, d, heads))
         if key not in schemes:
-            schemes[key] = make("position", spec, dim, d, config.heads, max_seq_len)
+            schemes[key] = make("position", spec, dim, d, heads, max_seq_len)
         layer_scheme.append(list(schemes).index(key))
     layer_scheme = layer_scheme[1:]
     blocks = []

@@ -34,10 +34,11 @@ def ssd_scan(x: Tensor, dt: Tensor, a: Tensor, B: Tensor, C: Tensor, h: Tensor |
     inputs = x * dt.unflatten(2, (groups, -1))[..., None]              # Δ_s x_s
     h = (x.new_zeros(batch, heads, width, size) if h is None else h.to(dtype)).unflatten(1, (groups, -1))
     outputs = []
-    for start in range(0, length, chunk):
-        piece = slice(start, start + chunk)
-        S = log_decay[:, piece].cumsum(1)                              # (B, L, G, R)
-        Bc, Cc, xc = B[:, piece], C[:, piece], inputs[:, piece]
+    # One split, not a slice per chunk: the backward of x[:, a:b] writes a zero gradient of the
+    # whole length T for every chunk (T²/L work), a split's backward concatenates once.
+    pieces = zip(*(t.split(chunk, dim=1) for t in (log_decay, B, C, inputs)))
+    for log_decay_c, Bc, Cc, xc in pieces:
+        S = log_decay_c.cumsum(1)                                      # (B, L, G, R)
         L = S.shape[1]
         # exp(S_t − S_s) for s ≤ t, 0 above the diagonal (masked before exp: S_t − S_s > 0 there).
         gaps = (S[:, :, None] - S[:, None]).permute(0, 3, 4, 1, 2)    # (B, G, R, L_t, L_s)
