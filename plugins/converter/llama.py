@@ -71,9 +71,14 @@ class LlamaConverter(CausalLMConverter):
         )
 
     def family_config(self, model: nn.Module) -> dict:
-        m = model.recipe["model"]
+        m = self.export_view(model.recipe)["model"]
         return {"attention_bias": m["attention"]["bias"], "mlp_bias": m["ffn"]["bias"],
                 "pretraining_tp": 1}
+
+    def export_view(self, recipe: dict) -> dict:
+        """The recipe the family's checks and config read: the model's own. (A mixture-of-experts
+        family shows a uniform stack whose FFN is the dense one its layers are built from.)"""
+        return recipe
 
     # -- the converter interface -------------------------------------------------------------------
     def config(self, config: dict) -> dict:
@@ -122,7 +127,7 @@ class LlamaConverter(CausalLMConverter):
         return rules + self.ends(recipe, "model.norm", False)
 
     def accepts(self, recipe: dict) -> str | None:
-        m = recipe["model"]
+        m = self.export_view(recipe)["model"]
         scope = self.qk_norm_scope
         problem = decoder_problem(m, position="rope", norm="rmsnorm", ffn_gated=True,
                                   tanh_name="gelu_pytorch_tanh", qk_norm=scope is not None,
@@ -142,11 +147,11 @@ class LlamaConverter(CausalLMConverter):
                           partial=self.partial_rotary) or self.attention_problem(m)
 
     def hf_config(self, model: nn.Module) -> dict:
-        m = model.recipe["model"]
+        m = self.export_view(model.recipe)["model"]
         attn = model.decoder.blocks[0].attn
         act, _ = ffn_activation(m["ffn"], "gelu_pytorch_tanh")
         return {"vocab_size": m["vocab_size"], "hidden_size": m["dim"],
-                "intermediate_size": model.decoder.blocks[0].ffn.hidden,
+                "intermediate_size": m["ffn"].get("hidden") or model.decoder.blocks[0].ffn.hidden,
                 "num_hidden_layers": m["layers"], "num_attention_heads": attn.heads,
                 "num_key_value_heads": attn.kv_heads, "head_dim": attn.head_dim, "hidden_act": act,
                 "max_position_embeddings": m["max_seq_len"], "rms_norm_eps": m["norm"]["eps"],

@@ -1,0 +1,69 @@
+"""Mixtral (Jiang et al., 2024) <-> ``decoder_lm``: Mistral's attention and norms, and in every
+layer a sparse mixture of SwiGLU experts: a softmax over ``num_local_experts`` router logits, the
+``num_experts_per_tok`` largest kept and renormalised (``router: softmax_topk``, normalize: true).
+
+``block_sparse_moe.gate`` is the router's weight; ``block_sparse_moe.experts.e.w1`` / ``w3`` /
+``w2`` are expert e's gate / up / down. ``router_aux_loss_coef`` becomes the balancing loss's
+coefficient. ``router_jitter_noise`` multiplies the router input by noise while training, which
+seqzoo does not do: a non-zero value is refused.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+import seqzoo
+from seqzoo.errors import CheckpointError
+from seqzoo.io.hf import glu_ffn
+
+from ._moe import MixtureOfExpertsFamily, softmax_moe, softmax_moe_problem
+from .mistral import MistralConverter
+
+
+class MixtralConverter(MixtureOfExpertsFamily, MistralConverter):
+    """Mistral's keys (sliding_window null by default) plus num_local_experts, num_experts_per_tok,
+    intermediate_size (each expert's width), router_aux_loss_coef and router_jitter_noise (0)."""
+
+    model_type = "mixtral"
+    architecture = "MixtralForCausalLM"
+    mlp = "block_sparse_moe."
+    expert_names = ("w1", "w3", "w2")
+    defaults = {**MistralConverter.defaults, "sliding_window": None, "num_local_experts": 8,
+                "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0}
+
+    def config(self, config: dict) -> dict:
+        c = super().config(config)
+        if c["router_jitter_noise"]:
+            raise CheckpointError(f"config.json: router_jitter_noise {c['router_jitter_noise']} is not supported; "
+                                  f"seqzoo's router adds no training noise (set it to 0.0)")
+        return c
+
+    def window(self, c: dict) -> int | None:
+        return c["sliding_window"]
+
+    def attention_problem(self, m: dict) -> str | None:  # Mistral's, a window or none
+        attn = m["attention"]
+        if attn["bias"] or attn["out_bias"]:
+            return "model.attention: Mixtral has no biases"
+        return None
+
+    def moe_spec(self, c: dict) -> dict:
+        expert = glu_ffn(c["hidden_act"], c["intermediate_size"], False)
+        return softmax_moe(c["num_local_experts"], c["num_experts_per_tok"], expert, normalize=True,
+                           balance=c["router_aux_loss_coef"])
+
+    def moe_problem(self, spec: dict) -> str | None:
+        return softmax_moe_problem(spec, "Mixtral", normalize=True)
+
+    def moe_config(self, spec: dict, sparse: list[bool]) -> dict:
+        return {"num_local_experts": spec["experts"], "num_experts_per_tok": spec["top_k"],
+                "router_aux_loss_coef": spec["balance_loss"], "router_jitter_noise": 0.0}
+
+    def family_config(self, model: nn.Module) -> dict:
+        return {"sliding_window": model.recipe["model"]["attention"]["window"]}
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("converter", "mixtral", MixtralConverter,
+                             summary="Hugging Face Mixtral <-> decoder_lm (Mistral attention, softmax top-k "
+                                     "mixture of SwiGLU experts)")]

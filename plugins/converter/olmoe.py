@@ -1,0 +1,69 @@
+"""OLMoE (Muennighoff et al., 2024) <-> ``decoder_lm``: pre-norm RMSNorm layers whose attention
+normalises the whole q and k projections (H·D and K·D features, ``qk_norm_scope: projection``,
+as OLMo 2 — but with pre-norms), and in every layer a softmax top-k mixture of SwiGLU experts
+``intermediate_size`` wide, renormalised only when ``norm_topk_prob`` (false by default).
+
+``clip_qkv`` (clamping q, k and v) has no seqzoo form: a value other than null is refused.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+import seqzoo
+from seqzoo.errors import CheckpointError
+from seqzoo.io.hf import first_problem, glu_ffn
+
+from ._moe import MixtureOfExpertsFamily, softmax_moe, softmax_moe_problem
+from .llama import LlamaConverter
+
+
+class OlmoeConverter(MixtureOfExpertsFamily, LlamaConverter):
+    """LLaMA's keys plus num_experts, num_experts_per_tok, norm_topk_prob, router_aux_loss_coef and
+    clip_qkv (null)."""
+
+    model_type = "olmoe"
+    architecture = "OlmoeForCausalLM"
+    defaults = {**LlamaConverter.defaults, "vocab_size": 50304, "intermediate_size": 2048, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 4096, "num_experts": 64, "num_experts_per_tok": 8,
+                "norm_topk_prob": False, "router_aux_loss_coef": 0.01, "clip_qkv": None}
+    qk_norm_scope = "projection"
+
+    def config(self, config: dict) -> dict:
+        c = super().config(config)
+        if c["clip_qkv"] is not None:
+            raise CheckpointError(f"config.json: clip_qkv {c['clip_qkv']} is not supported; seqzoo does not clamp "
+                                  f"q, k and v (set it to null)")
+        return c
+
+    def biases(self, c: dict) -> tuple[bool, bool, bool]:
+        return c["attention_bias"], c["attention_bias"], False
+
+    def attention_problem(self, m: dict) -> str | None:
+        attn = m["attention"]
+        return first_problem(
+            (attn["window"] is None, "model.attention.window: OLMoE has no sliding window"),
+            (attn["out_bias"] in (None, attn["bias"]), "model.attention: OLMoE has q/k/v and output biases alike"),
+        )
+
+    def moe_spec(self, c: dict) -> dict:
+        return softmax_moe(c["num_experts"], c["num_experts_per_tok"], glu_ffn(c["hidden_act"], c["intermediate_size"],
+                                                                             False),
+                           normalize=bool(c["norm_topk_prob"]), balance=c["router_aux_loss_coef"])
+
+    def moe_problem(self, spec: dict) -> str | None:
+        return softmax_moe_problem(spec, "OLMoE")
+
+    def moe_config(self, spec: dict, sparse: list[bool]) -> dict:
+        return {"num_experts": spec["experts"], "num_experts_per_tok": spec["top_k"],
+                "norm_topk_prob": spec["router"]["normalize"], "router_aux_loss_coef": spec["balance_loss"],
+                "clip_qkv": None}
+
+    def family_config(self, model: nn.Module) -> dict:
+        return {"attention_bias": model.recipe["model"]["attention"]["bias"]}
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("converter", "olmoe", OlmoeConverter,
+                             summary="Hugging Face OLMoE <-> decoder_lm (whole-projection QK-norm, softmax top-k "
+                                     "experts)")]

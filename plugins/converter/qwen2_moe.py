@@ -1,0 +1,61 @@
+"""Qwen2-MoE (Qwen team, 2024) <-> ``decoder_lm``: Qwen2's attention (q/k/v biases) and, in the
+sparse layers, Qwen3-MoE's routed experts plus a shared expert every token goes through, scaled
+by a sigmoid gate: y = Σ_j w_j E_j(x) + σ(g·x) S(x) (``shared`` and ``shared_gate: true``).
+
+``mlp.shared_expert.*_proj`` is S (``shared_expert_intermediate_size`` wide) and
+``mlp.shared_expert_gate`` is g; the sparse layout and the routed experts are Qwen3-MoE's.
+"""
+from __future__ import annotations
+
+import seqzoo
+from seqzoo.errors import CheckpointError
+from seqzoo.io.hf import Rule, first_problem, glu_ffn, kind_of, renamed
+
+from ._moe import softmax_moe_problem
+from .qwen2 import Qwen2Converter
+from .qwen3_moe import QwenMoeFamily
+
+
+class Qwen2MoeConverter(QwenMoeFamily, Qwen2Converter):
+    """Qwen2's keys plus num_experts, num_experts_per_tok, moe_intermediate_size,
+    shared_expert_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers,
+    router_aux_loss_coef."""
+
+    model_type = "qwen2_moe"
+    architecture = "Qwen2MoeForCausalLM"
+    experts_keys = ("num_experts", "num_local_experts")
+    defaults = {**Qwen2Converter.defaults, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+                "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+                "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "router_aux_loss_coef": 0.001}
+
+    def moe_spec(self, c: dict) -> dict:
+        width = c["shared_expert_intermediate_size"]
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise CheckpointError(f"config.json: shared_expert_intermediate_size {width!r} is not supported; "
+                                  f"seqzoo's Qwen2-MoE layers have a shared expert at least 1 wide")
+        return {**super().moe_spec(c), "shared": glu_ffn(c["hidden_act"], width, False), "shared_gate": True}
+
+    def moe_problem(self, spec: dict) -> str | None:
+        shared = spec["shared"]
+        return softmax_moe_problem(spec, "Qwen2-MoE", shared=True) or first_problem(
+            (kind_of(shared) == kind_of(spec["expert"]) and not shared.get("bias"),
+             "model.ffn.shared must be a gated FFN like the experts, without biases"),
+            (spec["shared_gate"], "model.ffn.shared_gate is false; Qwen2-MoE gates its shared expert"),
+        )
+
+    def layer_moe_rules(self, ours: str, theirs: str, spec: dict) -> list[Rule]:
+        return [*super().layer_moe_rules(ours, theirs, spec),
+                *renamed(ours + "shared.", theirs + "shared_expert.",
+                         {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}, False),
+                Rule(ours + "shared_gate.weight", (theirs + "shared_expert_gate.weight",))]
+
+    def moe_config(self, spec: dict, sparse: list[bool]) -> dict:
+        return {**super().moe_config(spec, sparse), "shared_expert_intermediate_size": spec["shared"]["hidden"]}
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("converter", "qwen2_moe", Qwen2MoeConverter,
+                             summary="Hugging Face Qwen2-MoE <-> decoder_lm (routed experts plus a sigmoid-gated "
+                                     "shared expert)")]
