@@ -53,6 +53,35 @@ def olmoe(**kw):
     return parity.randomised(transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**config)))
 
 
+def deepseek_v3(**kw):
+    # MLA: 3 heads, a 12-wide query latent, a 10-wide KV latent, d_nope 6, d_rope 4, d_v 5; 8 routed
+    # experts in 4 groups (2 kept), 2 per token, a shared expert; layer 0 dense
+    config = {**IDS, "hidden_size": 40, "num_attention_heads": 3, "num_key_value_heads": 3, "num_hidden_layers": 3,
+              "q_lora_rank": 12, "kv_lora_rank": 10, "qk_nope_head_dim": 6, "qk_rope_head_dim": 4, "v_head_dim": 5,
+              "intermediate_size": 24, "moe_intermediate_size": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
+              "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, **kw}
+    model = parity.randomised(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**config)))
+    with torch.no_grad():  # a selection bias that changes choices (zeros as initialised would not)
+        for layer in model.model.layers[config["first_k_dense_replace"]:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.5)
+    return model
+
+
+def gpt_oss(**kw):
+    # 4 heads of 8 over 2 kv heads, sinks, windows of 6 on layers 0 and 2, 6 experts of 16, top-2
+    config = {**IDS, "hidden_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+              "num_hidden_layers": 3, "intermediate_size": 16, "num_local_experts": 6, "num_experts_per_tok": 2,
+              "sliding_window": 6, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                        "original_max_position_embeddings": 16, "truncate": False,
+                                                        "beta_fast": 32.0, "beta_slow": 1.0}, **kw}
+    model = parity.randomised(transformers.GptOssForCausalLM(transformers.GptOssConfig(**config)))
+    with torch.no_grad():  # sinks start at zero logits; expert weights large enough to reach the clamps
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+            layer.mlp.experts.gate_up_proj.normal_(0.0, 2.0)
+    return model
+
+
 MODELS = {
     "mixtral": lambda: mixtral(),
     # a window of 6 < T; 48 experts for the 40 tokens of a test batch, 3 per token: some get none
@@ -69,6 +98,22 @@ MODELS = {
     # whole-projection QK-norm, top-3 of 6 unnormalised, 5 heads over 1
     "olmoe": lambda: olmoe(),
     # renormalised, with attention biases and linear RoPE scaling
+    # the latent attention with a low-rank query, interleaved RoPE, group-limited sigmoid routing
+    "deepseek_v3": lambda: deepseek_v3(),
+    # no query latent, rotate-half RoPE, YaRN with mscale (the softmax scale's m²), two dense
+    # layers first, no renormalisation, a scale of 2.5, attention biases, tied head
+    "deepseek_v3-yarn-plain-query": lambda: deepseek_v3(
+        q_lora_rank=None, rope_interleave=False, first_k_dense_replace=2, num_hidden_layers=4, norm_topk_prob=False,
+        routed_scaling_factor=2.5, attention_bias=True, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 16}),
+    # sinks, windows on layers 0 and 2, YaRN without truncation, clamped SwiGLU experts with biases
+    "gpt_oss": lambda: gpt_oss(),
+    # 5 layers with full attention at 1 and 4 only, top-3 of 48 experts, tied head
+    "gpt_oss-irregular-many-experts": lambda: gpt_oss(
+        num_hidden_layers=5, num_local_experts=48, num_experts_per_tok=3, intermediate_size=8, tie_word_embeddings=True,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"]),
     "olmoe-normalised-bias": lambda: olmoe(norm_topk_prob=True, attention_bias=True,
                                            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
                                                             "factor": 2.0}),
@@ -117,3 +162,15 @@ def test_a_seqzoo_moe_exports_as_mixtral_and_transformers_gives_its_logits(tmp_p
     ids = torch.randint(3, 259, (2, 12))
     with torch.no_grad():
         assert parity.max_difference(model(ids), hf(ids).logits) < parity.TOL
+
+
+def test_deepseek_v3_recipe_reads_latent_attention_and_grouped_sigmoid_experts(imported):
+    m = imported("deepseek_v3").model.recipe["model"]
+    assert m["mixer"]["kind"] == "mla" and m["mixer"]["kv_lora_rank"] == 10 and m["mixer"]["q_lora_rank"] == 12
+    assert m["position"]["interleaved"] is True
+    router = m["ffn"]["router"]
+    assert router["kind"] == "sigmoid_grouped" and router["groups"] == 4 and router["topk_groups"] == 2
+    assert m["ffn"]["shared"]["hidden"] == 8 and m["layer_overrides"] == {"0": "dense"}
+    yarn = imported("deepseek_v3-yarn-plain-query").model.recipe["model"]["mixer"]
+    m_factor = 0.1 * 1.0 * __import__("math").log(4.0) + 1.0
+    assert yarn["scale"] == pytest.approx(10 ** -0.5 * m_factor ** 2)

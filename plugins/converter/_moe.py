@@ -59,14 +59,14 @@ def _interleave(a: Tensor, b: Tensor) -> Tensor:
 def sparse_layout(sparse: list[bool], dense_ffn: dict) -> dict:
     """The per-layer keys for a stack whose layer i is a mixture of experts iff ``sparse[i]`` (the
     model's ``ffn`` is the MoE; dense layers are the type ``dense``): {} when every layer is
-    sparse, a ``pattern`` when one short period repeats, else ``layer_overrides`` for the dense
+    sparse, a ``pattern`` when a period repeats whole, else ``layer_overrides`` for the dense
     layers (DeepSeek's first k, Qwen's ``mlp_only_layers``)."""
     if all(sparse):
         return {}
     kinds = ["moe" if s else "dense" for s in sparse]
     types = {"moe": {}, "dense": {"ffn": dense_ffn}}
     pattern = layer_pattern(kinds)
-    if len(pattern) <= 8 and len(sparse) % len(pattern) == 0:
+    if len(sparse) >= 2 * len(pattern) and len(sparse) % len(pattern) == 0:  # a period that repeats
         return {"layer_types": {k: types[k] for k in dict.fromkeys(pattern)}, "pattern": pattern}
     return {"layer_types": types, "pattern": ["moe"], "layer_overrides": {i: "dense" for i, s in enumerate(sparse)
                                                                            if not s}}
