@@ -82,6 +82,14 @@ def gpt_oss(**kw):
     return model
 
 
+def jamba(**kw):
+    # [mamba + experts, attention, mamba + experts, attention]: 4 heads over 2 (D = 8), 6 experts
+    config = {**IDS, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4,
+              "intermediate_size": 16, "num_experts": 6, "num_experts_per_tok": 2, "attn_layer_period": 2,
+              "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 0, "mamba_d_state": 8, **kw}
+    return parity.randomised(transformers.JambaForCausalLM(transformers.JambaConfig(**config)))
+
+
 MODELS = {
     "mixtral": lambda: mixtral(),
     # a window of 6 < T; 48 experts for the 40 tokens of a test batch, 3 per token: some get none
@@ -114,6 +122,13 @@ MODELS = {
         num_hidden_layers=5, num_local_experts=48, num_experts_per_tok=3, intermediate_size=8, tie_word_embeddings=True,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
                      "full_attention"]),
+    # Mamba layers with weighted Δ/B/C norms, attention without RoPE, experts every other layer
+    "jamba": lambda: jamba(),
+    # 6 layers: attention at 2 and 5 (period 3), experts at 1, 3, 5 (period 2, offset 1), top-3 of 8,
+    # a conv kernel of 3 without a bias, dt_rank 3, a tied head
+    "jamba-periods": lambda: jamba(num_hidden_layers=6, attn_layer_period=3, attn_layer_offset=2,
+                                   expert_layer_offset=1, num_experts=8, num_experts_per_tok=3, mamba_d_conv=3,
+                                   mamba_conv_bias=False, mamba_dt_rank=3, tie_word_embeddings=True),
     "olmoe-normalised-bias": lambda: olmoe(norm_topk_prob=True, attention_bias=True,
                                            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
                                                             "factor": 2.0}),

@@ -3,7 +3,8 @@
     x, z = in_proj(h)                          each (B, T, E), E = expand·C
     x = SiLU(causal depthwise conv1d(x))       kernel K over time, per channel
     Δ, B, C = x_proj(x)                        Δ of rank R, B and C of N features each
-    Δ, B, C = rms(Δ), rms(B), rms(C)           only with bcdt_norm_eps (Falcon-Mamba), rms: no weight
+    Δ, B, C = rms(Δ), rms(B), rms(C)           only with bcdt_norm_eps: weightless (Falcon-Mamba) or
+                                               with learned weights (bcdt_norm_weights, Jamba)
     Δ = softplus(dt_proj(Δ))                   (B, T, E), a step size per channel and token
     y = scan(x, Δ, A, B, C) + D ⊙ x            A = −exp(A_log) (E, N); see ``_selective_scan``
     out = out_proj(y ⊙ SiLU(z))
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import seqzoo
+from seqzoo.errors import ConfigError
 from seqzoo.interfaces import Mixer, MixerContext, MixerState, upcast
 from seqzoo.nn.linear import Linear
 from seqzoo.schema import PositiveFloat, PositiveInt
@@ -58,7 +60,9 @@ class Mamba(Mixer):
     dt_min, dt_max: the range of the initial step sizes (0.001, 0.1), log-uniform as in the paper.
     chunk: the longest scan chunk (64); it only moves speed and memory. bcdt_norm_eps: ε of a weightless
     RMS norm of Δ (over its R features, before dt_proj), B and C (over their N) each, in float32 (null:
-    none; Falcon-Mamba (Zuo et al., 2024) sets 1e-6 to keep them in scale)."""
+    none; Falcon-Mamba (Zuo et al., 2024) sets 1e-6 to keep them in scale). bcdt_norm_weights: give
+    those norms learned weights, ``dt_norm`` (R), ``b_norm`` and ``c_norm`` (N) (false; Jamba, Lieber
+    et al., 2024, has them)."""
 
     causal_only = True
     own_init = True  # A, D and the Δ bias have initialisations of their own
@@ -66,7 +70,7 @@ class Mamba(Mixer):
     def __init__(self, dim: int, state: PositiveInt = 16, conv: PositiveInt = 4, expand: PositiveInt = 2,
                  dt_rank: PositiveInt | None = None, bias: bool = False, conv_bias: bool = True,
                  dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1, chunk: PositiveInt = 64,
-                 bcdt_norm_eps: PositiveFloat | None = None) -> None:
+                 bcdt_norm_eps: PositiveFloat | None = None, bcdt_norm_weights: bool = False) -> None:
         super().__init__(dim)
         self.inner, self.state_size, self.kernel = expand * dim, state, conv
         self.dt_rank = dt_rank or math.ceil(dim / 16)
@@ -80,6 +84,10 @@ class Mamba(Mixer):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, state + 1, dtype=torch.float32)).repeat(inner, 1))
         self.D = nn.Parameter(torch.ones(inner))
         self.out_proj = Linear(inner, dim, bias=bias)
+        if bcdt_norm_weights and bcdt_norm_eps is None:
+            raise ConfigError("mamba: bcdt_norm_weights needs bcdt_norm_eps (the ε of those norms)")
+        for name, size in (("dt_norm", self.dt_rank), ("b_norm", state), ("c_norm", state)):
+            self.register_parameter(name, nn.Parameter(torch.ones(size)) if bcdt_norm_weights else None)
         with torch.no_grad():  # initial Δ = softplus(bias) log-uniform in [dt_min, dt_max]
             nn.init.uniform_(self.dt_proj.weight, -self.dt_rank ** -0.5, self.dt_rank ** -0.5)
             dt = torch.exp(torch.rand(inner) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
@@ -106,7 +114,9 @@ class Mamba(Mixer):
         u = F.silu(causal_conv(self.conv1d, u, state))
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.state_size, self.state_size], dim=-1)
         if self.bcdt_norm_eps is not None:  # before the sequence/step split: both paths see it
-            dt, B, C = (F.rms_norm(upcast(t), t.shape[-1:], eps=self.bcdt_norm_eps).to(t.dtype) for t in (dt, B, C))
+            weights = [None if w is None else upcast(w) for w in (self.dt_norm, self.b_norm, self.c_norm)]
+            dt, B, C = (F.rms_norm(upcast(t), t.shape[-1:], w, eps=self.bcdt_norm_eps).to(t.dtype)
+                        for t, w in zip((dt, B, C), weights))
         dt = F.softplus(self.dt_proj(dt))  # (B, T, E)
         if real is not None:
             dt = dt * real  # Δ = 0: the state neither decays nor takes input
