@@ -413,12 +413,86 @@ def bench_mamba(table: Table, quick: bool) -> None:
               {"attention": memory["attention"]}, unit="MiB", targets={"attention": 1.0})
 
 
+# -- mixtures of experts and latent attention (issue #17) ------------------------------------------
+def hf_mixtral(s: Shapes, experts: int = 8, top_k: int = 2):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=s.vocab, hidden_size=s.dim, intermediate_size=2 * s.dim,
+                           num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                           max_position_embeddings=max(s.seq, 256), num_local_experts=experts,
+                           num_experts_per_tok=top_k, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    return MixtralForCausalLM(config)
+
+
+def bench_moe(table: Table, s: Shapes, quick: bool) -> None:
+    """Mixtral-shaped MoE (8 experts, top-2) on the same weights: a training step, and greedy
+    generation against transformers' generate (both eager: routing is data-dependent)."""
+    torch.manual_seed(0)
+    hf_model = hf_mixtral(s)
+    ours = imported(hf_model)
+    ids = torch.randint(0, s.vocab, (s.batch, s.seq), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (logits_of(ours, ids[:, :16]) - logits_of(hf_model.eval(), ids[:, :16])).abs().max() < 1e-3
+    steps = {"seqzoo": train_step(ours), "transformers": train_step(hf_model)}
+    times = interleaved({name: (lambda step=step: step(ids)) for name, step in steps.items()}, s.repeats)
+    table.add(f"MoE train step (8 experts, top-2), T={s.seq} B={s.batch}", times["seqzoo"],
+              {"transformers Mixtral": times["transformers"]}, targets={"transformers Mixtral": 1.5})
+    ours.eval(), hf_model.eval()
+    hf_model.generation_config.eos_token_id = None
+    for batch in (1, 8):
+        prompt = torch.randint(1, s.vocab, (batch, s.prompt))
+
+        def hf_run(prompt=prompt) -> Tensor:
+            with torch.inference_mode():
+                return hf_model.generate(prompt, max_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0,
+                                         attention_mask=torch.ones_like(prompt))
+
+        def our_run(prompt=prompt) -> Tensor:
+            return seqzoo.generate(ours, prompt, s.new_tokens, eos_id=None)
+
+        assert torch.equal(our_run(), hf_run()), "MoE greedy outputs differ"
+        gen = interleaved({"seqzoo": our_run, "transformers": hf_run}, s.repeats)
+        table.add(f"MoE greedy generate, batch {batch} (eager)", gen["seqzoo"],
+                  {"transformers Mixtral": gen["transformers"]}, targets={"transformers Mixtral": 2.0})
+
+
+def bench_mla(table: Table, s: Shapes, quick: bool) -> None:
+    """Latent attention's cache per token against MHA and GQA of the same width, and its decode
+    step with the absorbed path against without (the same weights)."""
+    base = ["model.vocab_size=" + str(s.vocab), f"model.dim={s.dim}", f"model.layers={s.layers}",
+            "model.position.scaling=null", "model.max_seq_len=4096", f"model.attention.heads={s.heads}"]
+    rank, rope = (s.dim // 4, s.dim // s.heads // 4)
+    mla = [f"model.mixer={{kind: mla, heads: {s.heads}, kv_lora_rank: {rank}, qk_nope_head_dim: "
+           f"{s.dim // s.heads - rope}, qk_rope_head_dim: {rope}, v_head_dim: {s.dim // s.heads}}}",
+           "model.position.interleaved=true"]
+    models = {"MHA": seqzoo.build("tiny-llama", base + ["model.attention.kv_heads=null"], device="cpu"),
+              "GQA": seqzoo.build("tiny-llama", base + [f"model.attention.kv_heads={s.kv_heads}"], device="cpu"),
+              "MLA": seqzoo.build("tiny-llama", base + mla, device="cpu")}
+    per_token = {}
+    for name, model in models.items():
+        cache = model.new_cache(1, 8)
+        per_token[name] = sum((st.k[0, :, 0].numel() + st.v[0, :, 0].numel()) * st.k.element_size()
+                              for st in cache.states)
+    table.add(f"MLA KV cache bytes per token ({s.layers} layers, float32)", per_token["MLA"],
+              {"MHA": per_token["MHA"], "GQA": per_token["GQA"]}, unit="B")
+    model = models["MLA"].eval()
+    context = 64 if quick else 1024
+    times = {}
+    for absorb in (True, False):
+        for block in model.decoder.blocks:
+            block.attn.absorb = absorb
+        times[absorb] = statistics.median(decode_ms_per_token(model, context, s.vocab) for _ in range(3))
+    for block in model.decoder.blocks:
+        block.attn.absorb = None
+    table.add(f"MLA decode ms/token, context {context}, absorbed", times[True], {"not absorbed": times[False]})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke test")
     parser.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     parser.add_argument("--only", nargs="*",
-                        choices=["training", "generation", "additive", "import", "compile", "mamba"])
+                        choices=["training", "generation", "additive", "import", "compile", "mamba", "moe", "mla"])
     parser.add_argument("--worker", choices=TRAINEES, help=argparse.SUPPRESS)  # one isolated training run
     parser.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -426,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(train_worker(args.worker, shapes, args.steps)))
         return 0
-    wanted = set(args.only or ["training", "generation", "additive", "import", "mamba"]
+    wanted = set(args.only or ["training", "generation", "additive", "import", "mamba", "moe", "mla"]
                  + ([] if args.quick else ["compile"]))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, shapes {shapes}")
     table = Table()
@@ -442,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         bench_compile(table, shapes)
     if "mamba" in wanted:
         bench_mamba(table, args.quick)
+    if "moe" in wanted:
+        bench_moe(table, shapes, args.quick)
+    if "mla" in wanted:
+        bench_mla(table, shapes, args.quick)
     missed = [r["what"] for r in table.rows for c in r["vs"].values() if c["met"] is False]
     print("all targets met" if not missed else f"missed: {'; '.join(missed)}")
     if args.json:

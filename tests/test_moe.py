@@ -97,13 +97,24 @@ def moe(**params):
     return seqzoo.registry().create("ffn", spec, 16)
 
 
+def expert(layer, e: int, x):
+    """Expert e of the layer on x (N, C), written out: SiLU(W_gate x) ⊙ W_up x, then W_down — from
+    the stacked weights (gate rows first) of gated experts, or the expert's own module."""
+    experts = layer.experts
+    if isinstance(experts, torch.nn.ModuleList):
+        return experts[e](x)
+    hidden = experts.hidden
+    gate, up = experts.gate_up[e, :hidden], experts.gate_up[e, hidden:]
+    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ experts.down[e].T
+
+
 def per_token(layer, x):
     """Σ_j w_j · E_{e_j}(x) one token at a time: the definition, with no grouping."""
     tokens = x.reshape(-1, x.shape[-1])
     routing = layer.router(tokens)
     rows = []
     for i, token in enumerate(tokens):
-        rows.append(sum(w * layer.experts[int(e)](token[None])[0]
+        rows.append(sum(w * expert(layer, int(e), token[None])[0]
                         for e, w in zip(routing.experts[i], routing.weights[i])))
     return torch.stack(rows).reshape(x.shape)
 
@@ -135,12 +146,12 @@ def test_gradients_reach_every_selected_expert_and_the_router_and_no_other():
     out = layer(x)
     assert torch.isfinite(out).all()  # an expert with no token: no NaN
     out.square().sum().backward()
-    for e, expert in enumerate(layer.experts):
-        grads = [p.grad for p in expert.parameters()]
+    for e in range(5):  # each expert's slices of the stacked weights
+        grads = [layer.experts.gate_up.grad[e], layer.experts.down.grad[e]]
         if e in chosen:
-            assert all(g is not None and g.abs().sum() > 0 for g in grads), e
+            assert all(g.abs().sum() > 0 for g in grads), e
         else:
-            assert all(g is None for g in grads), e
+            assert all(g.abs().sum() == 0 for g in grads), e
     assert layer.router.weight.grad is not None and layer.router.weight.grad.abs().sum() > 0
 
 
@@ -154,7 +165,7 @@ def test_capacity_keeps_the_first_tokens_of_each_expert_in_sequence_order():
         kept.setdefault(e, i)  # the first token that chose each expert
     expected = torch.zeros_like(tokens)
     for e, i in kept.items():
-        expected[i] = routing.weights[i, 0] * layer.experts[e](tokens[i:i + 1])[0]
+        expected[i] = routing.weights[i, 0] * expert(layer, e, tokens[i:i + 1])[0]
     torch.testing.assert_close(layer(x)[0], expected, atol=1e-6, rtol=1e-5)
 
 
@@ -218,3 +229,15 @@ def test_seqzoo_train_adds_the_balancing_loss_and_reports_it_with_the_expert_loa
     for entry in history:
         assert set(entry["aux"]) == {"balance_loss", "z_loss"} and entry["aux"]["balance_loss"] > 0
         assert len(entry["expert_load"]) == 2 and all(len(load) == 4 for load in entry["expert_load"])
+
+
+def test_gated_experts_are_stacked_and_other_kinds_stay_modules():
+    stacked = moe()
+    assert stacked.experts.gate_up.shape == (5, 24, 16) and stacked.experts.down.shape == (5, 16, 12)
+    listed = moe(expert={"kind": "mlp", "hidden": 12, "activation": "gelu"})
+    assert isinstance(listed.experts, torch.nn.ModuleList) and len(listed.experts) == 5
+    x = torch.randn(2, 6, 16)
+    torch.testing.assert_close(listed(x), per_token(listed, x), atol=1e-6, rtol=1e-5)
+    with torch.no_grad():  # decoding sizes take the few-row products: the same numbers
+        few = torch.randn(1, 3, 16)
+        torch.testing.assert_close(stacked(few), per_token(stacked, few), atol=1e-6, rtol=1e-5)

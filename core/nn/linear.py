@@ -29,12 +29,18 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return out[:, :n].t().contiguous().view(*x.shape[:-1], weight.shape[0])
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear``, through ``few_rows_linear`` for float32 CPU inputs of at most ``FEW_ROWS``
+    rows when no gradient is being recorded (a weight that is a slice of a stacked tensor too)."""
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and 0 < x.numel() <= FEW_ROWS * x.shape[-1] and not torch.is_grad_enabled()):
+        return few_rows_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state dict) whose forward takes ``few_rows_linear`` for
-    float32 CPU inputs of at most ``FEW_ROWS`` rows when no gradient is being recorded."""
+    """``nn.Linear`` (same parameters, same state dict) whose forward is ``linear``: the few-row
+    path for float32 CPU decoding, ``F.linear`` otherwise."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and 0 < x.numel() <= FEW_ROWS * x.shape[-1] and not torch.is_grad_enabled()):
-            return few_rows_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

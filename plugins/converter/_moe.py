@@ -5,7 +5,9 @@ Checkpoints store a layer's experts one by one — ``experts.e.gate_proj`` / ``u
 ``down_proj`` (Qwen-MoE, OLMoE, DeepSeek, Jamba), Mixtral's ``experts.e.w1`` / ``w3`` / ``w2`` —
 which is also what transformers 5 writes back from its fused 3-D parameters; gpt-oss stores them
 stacked, transposed for ``x @ W``, with gate and up *interleaved* along 2F and biases beside
-them. seqzoo's experts are ordinary dense FFNs (``ffn.experts.e.gate`` / ``up`` / ``down``).
+them. seqzoo stacks gated experts (``ffn.experts.gate_up`` (E, 2F, C) / ``down`` (E, C, F), see
+``plugins/ffn/_experts.py``); other kinds, gpt-oss's clamped SwiGLU among them, are a list of
+dense FFNs (``ffn.experts.e.gate`` / ``up`` / ``down``).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern, renamed
+from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern
 from seqzoo.nn.layers import layer_plan
 
 #: HF names of an expert's (gate, up, down) projections.
@@ -24,11 +26,23 @@ PROJ = ("gate_proj", "up_proj", "down_proj")
 
 def expert_rules(ours: str, theirs: str, experts: int, names: tuple[str, str, str] = PROJ, *,
                  bias: bool = False) -> list[Rule]:
-    """Rules for E experts' gate/up/down under seqzoo's ``ours`` (``decoder.blocks.3.ffn.``) from
-    the checkpoint's per-expert projections under ``theirs`` (``model.layers.3.mlp.``) named
-    ``names`` (gate, up, down)."""
-    return [rule for e in range(experts) for rule in renamed(
-        f"{ours}experts.{e}.", f"{theirs}experts.{e}.", dict(zip(("gate", "up", "down"), names)), bias)]
+    """Rules for E gated experts stacked under seqzoo's ``ours`` (``decoder.blocks.3.ffn.``:
+    ``experts.gate_up`` (E, 2F, C), ``experts.down`` (E, C, F)) from the checkpoint's per-expert
+    projections under ``theirs`` (``model.layers.3.mlp.``) named ``names`` (gate, up, down):
+    stacked on import, split again on export."""
+    gate, up, down = names
+    rules = []
+    for part in ("weight", "bias") if bias else ("weight",):
+        suffix = "" if part == "weight" else "_bias"
+        pairs = tuple(f"{theirs}experts.{e}.{n}.{part}" for e in range(experts) for n in (gate, up))
+        downs = tuple(f"{theirs}experts.{e}.{down}.{part}" for e in range(experts))
+        rules += [
+            Rule(f"{ours}experts.gate_up{suffix}", pairs,
+                 lambda *t: torch.stack([torch.cat(t[i:i + 2]) for i in range(0, len(t), 2)]),
+                 lambda t: tuple(w for e in t for w in e.chunk(2, dim=0))),
+            Rule(f"{ours}experts.down{suffix}", downs, lambda *t: torch.stack(t), lambda t: tuple(t.unbind(0))),
+        ]
+    return rules
 
 
 def stacked_expert_rules(ours: str, theirs: str, experts: int) -> list[Rule]:

@@ -10,6 +10,8 @@ expert every token goes through (DeepSeek, Qwen2-MoE), gated by a sigmoid in Qwe
 Tokens are grouped by expert, not looped over: the N·k (token, slot) pairs are sorted by expert,
 the tokens gathered once, each expert run on its contiguous slice (one Python iteration per
 expert that received tokens), and the weighted outputs scattered back with one ``index_add``.
+Gated experts (glu, swiglu, geglu) are stored stacked (``_experts``: ``experts.gate_up`` (E, 2F,
+C), ``experts.down`` (E, C, F)); any other ffn kind is a list of modules (``experts.e.*``).
 An expert that receives no token is skipped (no empty matmul, nothing NaN), and none is dropped
 unless ``capacity_factor`` sets a capacity of ⌈factor · N·k / E⌉ tokens per expert (the first
 tokens in sequence order keep their place, as in GShard).
@@ -34,6 +36,9 @@ from seqzoo.interfaces import AuxiliaryLosses, FeedForward, Routing
 from seqzoo.nn.linear import Linear
 from seqzoo.schema import NonNegativeFloat, PositiveFloat, PositiveInt, Spec
 
+from ._experts import StackedExperts
+from ._glu import GLU
+
 
 class MixtureOfExperts(FeedForward, AuxiliaryLosses):
     """experts: E (required). top_k: k experts per token (2). expert: each expert's dense ffn, by
@@ -57,7 +62,12 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
         if shared_gate and shared is None:
             raise ConfigError("moe: shared_gate needs a shared expert (set shared)")
         self.router = registry.create("router", router, dim, experts, top_k)
-        self.experts = nn.ModuleList(registry.create("ffn", expert, dim) for _ in range(experts))
+        built = [registry.create("ffn", expert, dim) for _ in range(experts)]
+        # gated experts are stacked (one product per expert for gate and up, no module per expert);
+        # any other dense ffn stays a list of modules
+        stack = isinstance(built[0], GLU) and built[0].dropout.p == 0
+        self.experts = StackedExperts(built) if stack else nn.ModuleList(built)
+        self.count = experts
         self.shared = registry.create("ffn", shared, dim) if shared is not None else None
         self.shared_gate = Linear(dim, 1, bias=False) if shared_gate else None
         self.top_k, self.routed_scale, self.capacity_factor = top_k, routed_scale, capacity_factor
@@ -85,24 +95,27 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
         n, k = routing.experts.shape
         chosen = routing.experts.flatten()  # (N·k,) expert of each (token, slot)
         order = chosen.argsort(stable=True)  # stable: within an expert, tokens keep sequence order
-        counts = torch.bincount(chosen, minlength=len(self.experts))  # (E,)
+        counts = torch.bincount(chosen, minlength=self.count)  # (E,)
         token = order // k
         weight = routing.weights.flatten()[order].to(tokens.dtype)
         if self.capacity_factor is not None:
-            capacity = math.ceil(self.capacity_factor * n * k / len(self.experts))
+            capacity = math.ceil(self.capacity_factor * n * k / self.count)
             start = torch.cumsum(counts, 0) - counts  # (E,) first sorted slot of each expert
             rank = torch.arange(n * k, device=tokens.device) - start.repeat_interleave(counts)
             kept = rank < capacity
             token, weight = token[kept], weight[kept]
             counts = counts.clamp(max=capacity)
-        inputs = tokens[token]  # (M, C), grouped by expert
-        pieces = [self.experts[e](part) for e, part in enumerate(inputs.split(counts.tolist())) if len(part)]
-        outputs = torch.cat(pieces) if pieces else inputs.new_zeros(0, tokens.shape[-1])
+        parts = tokens[token].split(counts.tolist())  # one gather, then a (N_e, C) slice per expert
+        if isinstance(self.experts, StackedExperts):
+            outputs = self.experts(parts)
+        else:
+            pieces = [self.experts[e](part) for e, part in enumerate(parts) if len(part)]
+            outputs = torch.cat(pieces) if pieces else tokens.new_zeros(0, tokens.shape[-1])
         return tokens.new_zeros(tokens.shape).index_add_(0, token, outputs * weight[:, None])
 
     def signals(self, routing: Routing) -> tuple[dict[str, tuple[float, Tensor]], dict[str, Tensor]]:
         """The Switch balancing loss and the z-loss (with their coefficients), and the load f."""
-        experts = len(self.experts)
+        experts = self.count
         load = torch.bincount(routing.experts.flatten(), minlength=experts).float() / routing.experts.numel()
         balance = experts * (load * routing.probs.mean(0)).sum()
         z = torch.logsumexp(routing.logits, dim=-1).square().mean()
@@ -110,7 +123,7 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
                  "z_loss": (self.coefficients["z_loss"], z)}, {"expert_load": load})
 
     def extra_repr(self) -> str:
-        return (f"experts={len(self.experts)}, top_k={self.top_k}, routed_scale={self.routed_scale}, "
+        return (f"experts={self.count}, top_k={self.top_k}, routed_scale={self.routed_scale}, "
                 f"capacity_factor={self.capacity_factor}")
 
 
