@@ -14,6 +14,8 @@
   length, and decode time per token, for attention, Mamba, Mamba-2 and linear attention.
 - ``recall`` (``seqzoo.lab.recall``): multi-query associative recall against the number of pairs,
   for attention, Mamba, Mamba-2 and a 1-in-4 hybrid (Arora et al., 2023).
+- ``moe`` (``seqzoo.lab.moe``): a dense FFN against mixtures of experts with the same active
+  parameters, and the experts' load with and without balancing.
 
 Each writes ``NAME.md`` (a markdown table), ``NAME.json`` and ``NAME.png`` into the output folder.
 The text-task experiments train through ``seqzoo.train.training.train`` and score through
@@ -39,7 +41,7 @@ from ..files import write_text_atomic
 from ..io.build import build
 from ..registry import registry, tokenizer
 from ..train.training import Examples, TrainConfig, example_rng, train
-from . import linear_time, recall
+from . import linear_time, moe, recall
 from .plots import figure, require_matplotlib, save_figure
 from .result import ExperimentResult
 
@@ -246,11 +248,13 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "vanishing-gradients": vanishing_gradients,
     "linear-time": linear_time.linear_time,
     "recall": recall.recall,
+    "moe": moe.moe,
 }
 #: Experiments that draw their own picture: name -> (draw(result, fig), (width, height) in inches).
 DRAWERS: dict[str, tuple[Callable, tuple[float, float]]] = {
     "linear-time": (linear_time.draw, (10.5, 4.0)),
     "recall": (recall.draw, (10.0, 4.0)),
+    "moe": (moe.draw, (10.0, 4.0)),
 }
 
 
