@@ -17,6 +17,9 @@ module, whose docstring opens with the paper and the formula):
 A lead is the first paragraph, plus the paragraph after it when that one is an indented display (a
 formula set on lines of its own). Paragraphs are reflowed; displays are kept as written.
 
+A component whose class sets ``recipe_example`` (YAML over the ``tiny-llama`` recipe) gets it as
+a worked recipe after its parameters; the tests build every one.
+
 The text depends only on the components and their code (no absolute paths, versions or dates), so
 a committed catalog can be compared with a fresh one (tests/test_catalog.py).
 """
@@ -87,6 +90,10 @@ def entry(component: Component, module_is_shared: bool = False) -> list[str]:
                   for row in params]
     else:
         lines.append("No recipe parameters.")
+    example = vars(cls).get("recipe_example")
+    if isinstance(example, str):
+        lines += ["", "A worked recipe (over `tiny-llama`; `seqzoo build` takes it as it is):", "", "```yaml",
+                  inspect.cleandoc(example), "```"]
     facts = [f"Class {_code(_class_name(component))}", f"from {_origin(component)}"]
     if core:
         facts.append("core arguments " + ", ".join(_code(row.name) for row in core))

@@ -23,6 +23,13 @@ class ClampedSwiGLU(FeedForward):
     """hidden: F (required). alpha: α (1.702). limit: L (7.0). bias: on all three projections
     (true)."""
 
+    recipe_example = """
+        seqzoo: 1
+        extends: tiny-llama
+        model:
+          ffn: {kind: moe, experts: 4, top_k: 2, router: {kind: topk_softmax, bias: true},
+                expert: {kind: clamped_swiglu, hidden: 64, alpha: 1.702, limit: 7.0}}
+        """
     example_params = {"hidden": 16}
 
     def __init__(self, dim: int, hidden: Size, alpha: PositiveFloat = 1.702, limit: PositiveFloat = 7.0,

@@ -48,6 +48,22 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
     (null: no token dropped). balance_loss: the balancing loss's coefficient in the objective
     (0.01). z_loss: the z-loss's coefficient (0)."""
 
+    recipe_example = """
+        seqzoo: 1
+        extends: tiny-llama
+        model:
+          ffn:                          # 8 SwiGLU experts, 2 per token, a shared one, Mixtral's router
+            kind: moe
+            experts: 8
+            top_k: 2
+            expert: {kind: swiglu, hidden: 64}
+            router: {kind: softmax_topk, normalize: true}
+            shared: {kind: swiglu, hidden: 64}
+            balance_loss: 0.01
+            z_loss: 0.001
+          layer_types: {dense: {ffn: {kind: swiglu, hidden: 128}}, moe: {}}
+          pattern: [dense, moe]        # every other layer sparse
+        """
     example_params = {"experts": 4, "top_k": 2, "expert": {"kind": "swiglu", "hidden": 16}}
 
     def __init__(self, dim: int, experts: PositiveInt, top_k: PositiveInt = 2,

@@ -38,6 +38,14 @@ class LatentAttention(Mixer):
     attention mscale goes here). absorb: fold W_UK and W_UV when decoding (null = when a cache is
     read, true, false)."""
 
+    recipe_example = """
+        seqzoo: 1
+        extends: tiny-llama
+        model:
+          position: {kind: rope, base: 10000, interleaved: true, scaling: null}
+          mixer: {kind: mla, heads: 4, q_lora_rank: 48, kv_lora_rank: 32, qk_nope_head_dim: 16,
+                  qk_rope_head_dim: 8, v_head_dim: 16}      # cache: 32 + 8 numbers per token and layer
+        """
     example_params = {"heads": 2, "kv_lora_rank": 8, "q_lora_rank": 12, "qk_nope_head_dim": 6,
                       "qk_rope_head_dim": 4, "v_head_dim": 5}
 

@@ -29,6 +29,15 @@ class SigmoidGrouped(Router):
     all). normalize: divide the k weights by their sum (true). bias_update: γ of the load-balancing
     bias update while training (0: the bias stays as loaded)."""
 
+    recipe_example = """
+        seqzoo: 1
+        extends: tiny-llama
+        model:
+          ffn: {kind: moe, experts: 16, top_k: 4, expert: {kind: swiglu, hidden: 32},
+                shared: {kind: swiglu, hidden: 32}, routed_scale: 2.5, balance_loss: 0.0,
+                router: {kind: sigmoid_grouped, groups: 4, topk_groups: 2, bias_update: 0.001}}
+        """
+
     def __init__(self, dim: int, experts: int, top_k: int, groups: PositiveInt = 1,
                  topk_groups: PositiveInt | None = None, normalize: bool = True,
                  bias_update: NonNegativeFloat = 0.0) -> None:

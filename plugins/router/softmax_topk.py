@@ -20,6 +20,14 @@ class SoftmaxTopK(Router):
     """normalize: renormalise the k chosen probabilities to sum to 1 (true). bias: a bias on the
     router's projection (false)."""
 
+    recipe_example = """
+        seqzoo: 1
+        extends: tiny-llama
+        model:
+          ffn: {kind: moe, experts: 8, top_k: 2, expert: {kind: swiglu, hidden: 64},
+                router: {kind: softmax_topk, normalize: false}}   # Qwen-MoE's default
+        """
+
     def __init__(self, dim: int, experts: int, top_k: int, normalize: bool = True, bias: bool = False) -> None:
         super().__init__(dim, experts, top_k)
         self.normalize = normalize

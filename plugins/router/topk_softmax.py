@@ -16,6 +16,14 @@ from seqzoo.interfaces import Router, Routing, upcast
 class TopKSoftmax(Router):
     """bias: a bias on the router's projection (true, as gpt-oss)."""
 
+    recipe_example = """
+        seqzoo: 1
+        extends: tiny-llama
+        model:
+          ffn: {kind: moe, experts: 8, top_k: 4, expert: {kind: swiglu, hidden: 32},
+                router: {kind: topk_softmax, bias: true}}
+        """
+
     def __init__(self, dim: int, experts: int, top_k: int, bias: bool = True) -> None:
         super().__init__(dim, experts, top_k)
         self.weight = nn.Parameter(torch.empty(experts, dim))
