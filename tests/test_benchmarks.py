@@ -23,7 +23,13 @@ def test_run_quick_prints_every_comparison(tmp_path):
     assert any(n == "import time" for n in names)
     mamba = next(row for row in rows if row["what"].startswith("Mamba train step"))
     assert set(mamba["vs"]) == {"transformers (sequential)", "mambapy scan"}
-    assert sum("decode ms/token" in n for n in names) == 2 and any("prefill peak memory" in n for n in names)
+    assert sum(n.startswith(("Mamba decode", "attention decode")) for n in names) == 2
+    assert any("prefill peak memory" in n for n in names)
+    moe = next(row for row in rows if row["what"].startswith("MoE train step"))
+    assert set(moe["vs"]) == {"transformers Mixtral"}
+    assert sum(n.startswith("MoE greedy generate") for n in names) == 2
+    mla = next(row for row in rows if row["what"].startswith("MLA KV cache bytes"))
+    assert set(mla["vs"]) == {"MHA", "GQA"} and mla["vs"]["MHA"]["ratio"] > mla["vs"]["GQA"]["ratio"] > 1
     gpt2 = next(row for row in rows if row["what"] == "train step, GPT-2 shape")
     assert {"transformers", "reference"} <= set(gpt2["vs"]) and gpt2["gflops"]["matmul"] > 0
     seams = next(row for row in rows if row["what"] == "train step, GPT-2, same math as reference")
