@@ -24,6 +24,7 @@ from .errors import CheckpointError, ConfigError, InputError, RecipeError, Regis
 from .hookspecs import hookimpl
 from .io.build import build
 from .io.checkpoint import load, save
+from .io.gguf import from_gguf, to_gguf
 from .io.hf import from_hf, to_hf
 from .nn.fill_mask import fill_mask
 from .nn.generation import generate
@@ -37,5 +38,5 @@ __all__ = [
     "CheckpointError", "Component", "ConfigError", "InputError", "Plugin", "RecipeError", "Registry",
     "RegistryError", "SeqzooError", "build", "generate", "hookimpl", "load", "load_plugin", "registry",
     "save", "tokenizer",
-    "from_hf", "to_hf", "fill_mask",
+    "from_hf", "to_hf", "from_gguf", "to_gguf", "fill_mask",
 ]

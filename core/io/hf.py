@@ -547,29 +547,44 @@ def from_hf(path: str | os.PathLike, *, device: str | torch.device | None = None
     converter = converter_for(config.get("model_type"), str(folder / CONFIG))
     with contextlib.ExitStack() as stack:
         weights = HFWeights(folder, stack)
-        stored = converter.canonical_names(list(weights))  # canonical -> stored name
-        resolved = resolve(full_recipe(converter, config, folder, stored, dtype or weights.dtype()))
-        target = device if isinstance(device, torch.device) else pick_device(device or "auto")
-        model = instantiate(resolved, device="meta")  # no random init of weights about to be replaced
-        rules = converter.rules(config, resolved.data)
-        renamed = _check_weights(converter, config, folder, model, rules, weights, stored)
-        if any(True for _ in model.buffers()):
-            model = instantiate(resolved, device=target)  # non-weight state must come from the build
-        else:
-            check_fits(model, next(model.parameters()).dtype, target)  # a clear error, not an OOM
-            model = model.to_empty(device=target)
-            if isinstance(model, LanguageModel):
-                model.tie_weights()  # to_empty gives each module its own copy of a shared weight
-        _check_coverage(converter, model, rules)
-        state = model.state_dict()
-        with torch.no_grad():
-            for rule in rules:
-                tensors = rule.load_all(*(weights[renamed[s]] for s in rule.sources))
-                for target, tensor in zip(rule.targets, tensors, strict=True):
-                    state[target].copy_(tensor.to(dtype=state[target].dtype))
-    text = folder / TOKENIZER
-    if text.is_file():
-        model.tokenizer_state = text.read_text(encoding="utf-8")
+        tokenizer_file = folder / TOKENIZER
+        return load_converted(converter, config, weights, folder, device=device, dtype=dtype or weights.dtype(),
+                              tokenizer_text=tokenizer_file.read_text(encoding="utf-8")
+                              if tokenizer_file.is_file() else None)
+
+
+def load_converted(converter: HFConverter, config: dict, weights: Mapping, folder: Path, *,
+                   device: str | torch.device | None, dtype: str | None, tokenizer_text: str | None = None,
+                   tokenizer_spec: dict | None = None) -> nn.Module:
+    """A seqzoo model from Hugging Face-named tensors: ``weights`` maps each stored name to its
+    tensor and has ``shape(name)`` (a folder's safetensors, or another format's tensors under HF
+    names); ``folder`` names the source in messages. ``tokenizer_spec`` replaces the recipe's
+    ``hf`` tokenizer from config.json; ``tokenizer_text`` is the tokenizer.json it carries."""
+    stored = converter.canonical_names(list(weights))  # canonical -> stored name
+    recipe = full_recipe(converter, config, folder, stored, dtype)
+    if tokenizer_spec is not None:
+        recipe["tokenizer"] = tokenizer_spec
+    resolved = resolve(recipe)
+    target = device if isinstance(device, torch.device) else pick_device(device or "auto")
+    model = instantiate(resolved, device="meta")  # no random init of weights about to be replaced
+    rules = converter.rules(config, resolved.data)
+    renamed = _check_weights(converter, config, folder, model, rules, weights, stored)
+    if any(True for _ in model.buffers()):
+        model = instantiate(resolved, device=target)  # non-weight state must come from the build
+    else:
+        check_fits(model, next(model.parameters()).dtype, target)  # a clear error, not an OOM
+        model = model.to_empty(device=target)
+        if isinstance(model, LanguageModel):
+            model.tie_weights()  # to_empty gives each module its own copy of a shared weight
+    _check_coverage(converter, model, rules)
+    state = model.state_dict()
+    with torch.no_grad():
+        for rule in rules:
+            tensors = rule.load_all(*(weights[renamed[s]] for s in rule.sources))
+            for target_name, tensor in zip(rule.targets, tensors, strict=True):
+                state[target_name].copy_(tensor.to(dtype=state[target_name].dtype))
+    if tokenizer_text is not None:
+        model.tokenizer_state = tokenizer_text
     model.eval()
     return model
 
