@@ -30,6 +30,7 @@ from .nn.fill_mask import fill_mask
 from .nn.generation import generate
 from .registry import Component, Plugin, Registry, load_plugin, registry, tokenizer
 from .train.perplexity import evaluate
+from .train.surgery import edit
 
 moved.install()  # the first layout's module paths (seqzoo.attention, ...) still import
 
@@ -39,5 +40,5 @@ __all__ = [
     "CheckpointError", "Component", "ConfigError", "InputError", "Plugin", "RecipeError", "Registry",
     "RegistryError", "SeqzooError", "build", "generate", "hookimpl", "load", "load_plugin", "registry",
     "save", "tokenizer",
-    "from_hf", "to_hf", "from_gguf", "to_gguf", "fill_mask", "evaluate",
+    "from_hf", "to_hf", "from_gguf", "to_gguf", "fill_mask", "evaluate", "edit",
 ]

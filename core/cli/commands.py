@@ -27,7 +27,7 @@ EXIT_CHECK_FAILED = 1
 
 # Modules that add commands through ``register_cli(add) -> {name: handler}``.
 EXTENSIONS = ("seqzoo.cli.train", "seqzoo.cli.plots", "seqzoo.io.hf", "seqzoo.io.gguf", "seqzoo.cli.catalog",
-              "seqzoo.cli.fill_mask", "seqzoo.cli.evaluate")
+              "seqzoo.cli.fill_mask", "seqzoo.cli.evaluate", "seqzoo.cli.edit")
 
 PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "
                "separated by os.pathsep)")

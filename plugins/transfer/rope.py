@@ -1,0 +1,54 @@
+"""RoPE base, RoPE scaling and NoPE layers: a change of a position scheme that has no weights
+(``rope``, ``alibi``, ``sinusoidal``, ``none``), for the whole model or per layer type.
+
+No tensor changes — the same weights meet other rotation frequencies (a YaRN or linear extension,
+a new base) or none at all (NoPE) — so the edit is exact in its weights and changes the function:
+it reports the logit difference it makes. A short fine-tune usually heals what it moves.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import seqzoo
+from seqzoo.interfaces import TransferRule
+from seqzoo.nn.layers import layer_plan
+
+from ._layers import under
+
+#: Position schemes whose state dict is empty: switching among them moves no tensor.
+WEIGHTLESS = ("rope", "alibi", "sinusoidal", "none")
+
+
+def _kind(spec) -> str | None:
+    return spec if isinstance(spec, str) or spec is None else spec.get("kind")
+
+
+class RopeTransfer(TransferRule):
+    """Claims position changes between weightless schemes — of the model, of layer types, or a
+    new pattern of layer types that differ in their position only (NoPE layers) —; writes
+    nothing."""
+
+    def claims(self, old: dict, new: dict, changed: list[str]) -> list[str]:
+        keys = under(changed, "position")
+        layout = [k for k in changed if k.split(".")[0] in ("layer_types", "pattern", "layer_overrides")
+                  and k not in keys]
+        if layout:
+            before, after = layer_plan(old), layer_plan(new)
+            strip = lambda plan: replace(plan, type=None, position={})  # noqa: E731
+            if len(before) == len(after) and all(strip(a) == strip(b) for a, b in zip(before, after)) and all(
+                    _kind(p.position) in WEIGHTLESS for p in before + after):
+                keys += layout
+        specs = [old["position"], new["position"]]
+        for key in keys:  # a layer type's or override's own position spec
+            parts = key.split(".")
+            if parts[0] in ("layer_types", "layer_overrides") and len(parts) > 2:
+                for section in (old, new):
+                    value = (section.get(parts[0]) or {}).get(parts[1])
+                    specs.append(value.get("position") if isinstance(value, dict) else None)
+        return keys if all(_kind(s) in WEIGHTLESS + (None,) for s in specs) else []
+
+
+@seqzoo.hookimpl
+def seqzoo_components():
+    return [seqzoo.Component("transfer", "rope", RopeTransfer,
+                             summary="RoPE base or scaling, NoPE layers: the same weights, other positions")]

@@ -1,0 +1,117 @@
+"""Model surgery (seqzoo edit): every transfer rule on a trained-shape model — exact rules give
+identical logits, approximate ones report their error, untouched tensors are bit-identical — the
+plan of a dry run, and the refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import seqzoo
+from seqzoo.errors import InputError
+from seqzoo.train.surgery import changed_keys, edit
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return seqzoo.build("tiny-llama", ["model.position.scaling=null"], device="cpu").eval()
+
+
+def untouched_equal(old, new, report):
+    """Every tensor the report says was copied is the old one, bit for bit."""
+    copied = [n for n, how in report.tensors.items() if how == "copied"]
+    assert copied
+    for name in copied:
+        assert torch.equal(old.state_dict()[name], new.state_dict()[name]), name
+
+
+def test_changed_keys_are_the_leaves_that_differ():
+    assert changed_keys({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5, "d": 3}, "e": 0}) == ["b.c", "e"]
+
+
+def test_upcycling_is_exact_and_every_expert_is_the_dense_ffn(model):
+    new, report = edit(model, ["model.ffn={kind: moe, experts: 4, top_k: 2, expert: {kind: swiglu, hidden: 128}}"])
+    assert report.rules["upcycle"]["exact"] and report.logit_difference < 1e-5
+    ffn = new.decoder.blocks[1].ffn
+    dense = model.decoder.blocks[1].ffn
+    for e in range(4):
+        assert torch.equal(ffn.experts.gate_up[e], torch.cat([dense.gate.weight, dense.up.weight]))
+        assert torch.equal(ffn.experts.down[e], dense.down.weight)
+    untouched_equal(model, new, report)
+
+
+def test_upcycling_without_renormalised_weights_is_reported_approximate(model):
+    new, report = edit(model, ["model.ffn={kind: moe, experts: 4, top_k: 2, expert: {kind: swiglu, hidden: 128}, "
+                               "router: {kind: softmax_topk, normalize: false}}"])
+    assert not report.rules["upcycle"]["exact"] and report.logit_difference > 1e-3
+
+
+def test_growing_the_vocabulary_keeps_every_old_logit(model):
+    new, report = edit(model, ["model.vocab_size=300"])
+    assert report.rules["vocab"]["exact"] and report.logit_difference == 0.0
+    rows = model.embed.weight
+    assert torch.equal(new.embed.weight[:259], rows)
+    assert torch.allclose(new.embed.weight[259:], rows.mean(0).expand(41, -1))
+
+
+def test_pooling_kv_heads_averages_each_group_and_reports_its_error(model):
+    new, report = edit(model, ["model.attention.kv_heads=1"])
+    heads, d = 4, 16
+    old_qkv = model.decoder.blocks[0].attn.qkv_proj.weight
+    q, k, v = old_qkv.split([heads * d, 2 * d, 2 * d])
+    expected = torch.cat([q, k.reshape(2, d, -1).mean(0), v.reshape(2, d, -1).mean(0)])
+    assert torch.allclose(new.decoder.blocks[0].attn.qkv_proj.weight, expected)
+    # the error the rule claims, recomputed: ‖W_kv − the mean expanded back‖ / ‖W_kv‖
+    errs = []
+    for block, again in zip(model.decoder.blocks, new.decoder.blocks):
+        _, k, v = block.attn.qkv_proj.weight.split([heads * d, 2 * d, 2 * d])
+        mean_k, mean_v = (t.reshape(2, d, -1).mean(0) for t in (k, v))
+        back = torch.cat([mean_k, mean_k, mean_v, mean_v])
+        errs.append(((torch.cat([k, v]) - back).pow(2).sum().item(), torch.cat([k, v]).pow(2).sum().item()))
+    claimed = report.rules["kv_heads"]["errors"]["relative K/V weight error"]
+    assert claimed == pytest.approx(float((sum(a for a, _ in errs) / sum(b for _, b in errs)) ** 0.5), rel=1e-5)
+    assert not report.rules["kv_heads"]["exact"] and report.logit_difference > 0
+    untouched_equal(model, new, report)
+
+
+@pytest.mark.parametrize("override, rule", [("model.position.base=50000", "rope"), ("model.attention.window=4", "window"),
+                                            ("model.position={kind: rope, base: 10000, scaling: {kind: yarn, "
+                                             "factor: 4, original_max_seq_len: 64}}", "rope")])
+def test_position_and_window_changes_copy_every_tensor_and_report_the_logit_change(model, override, rule):
+    new, report = edit(model, [override])
+    assert set(report.tensors.values()) == {"copied"} and rule in report.rules
+    untouched_equal(model, new, report)
+    assert report.logit_difference > 0
+
+
+def test_a_nope_layer_type_is_a_position_change(model):
+    new, report = edit(model, ["model.layer_types={rope: {}, nope: {position: none}}", "model.pattern=[rope, nope]"])
+    assert report.changed == {"layer_types": "rope", "pattern": "rope"} and set(report.tensors.values()) == {"copied"}
+    assert [type(p).__name__ for p in new.decoder.layer_positions] == ["NoPosition"] and report.logit_difference > 0
+
+
+def test_depth_duplicates_layers_in_place(model):
+    new, report = edit(model, ["model.layers=4"])
+    for i, source in enumerate([0, 0, 1, 1]):
+        for name, tensor in new.decoder.blocks[i].state_dict().items():
+            assert torch.equal(tensor, model.decoder.blocks[source].state_dict()[name])
+    assert not report.rules["depth"]["exact"]
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(model, capsys, tmp_path):
+    from seqzoo.cli import main
+
+    seqzoo.save(model, tmp_path / "m.safetensors")
+    assert main(["edit", str(tmp_path / "m.safetensors"), "--set", "model.attention.kv_heads=1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "attention.kv_heads: kv_heads" in out and "15 copied" in out and not (tmp_path / "out.safetensors").exists()
+    assert main(["edit", str(tmp_path / "m.safetensors"), "--set", "model.layers=3", "-o",
+                 str(tmp_path / "out.safetensors")]) == 0
+    assert seqzoo.load(tmp_path / "out.safetensors").recipe["model"]["layers"] == 3
+
+
+def test_a_change_no_rule_covers_is_refused_naming_the_key_and_the_rules(model):
+    with pytest.raises(InputError, match=r"no transfer rule covers model\.dim; the rules are depth, kv_heads, "):
+        edit(model, ["model.dim=128"])
+    with pytest.raises(InputError, match=r"changes outside model:"):
+        edit(model, ["tokenizer=hf"])
