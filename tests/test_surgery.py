@@ -63,7 +63,7 @@ def test_pooling_kv_heads_averages_each_group_and_reports_its_error(model):
     assert torch.allclose(new.decoder.blocks[0].attn.qkv_proj.weight, expected)
     # the error the rule claims, recomputed: ‖W_kv − the mean expanded back‖ / ‖W_kv‖
     errs = []
-    for block, again in zip(model.decoder.blocks, new.decoder.blocks):
+    for block in model.decoder.blocks:
         _, k, v = block.attn.qkv_proj.weight.split([heads * d, 2 * d, 2 * d])
         mean_k, mean_v = (t.reshape(2, d, -1).mean(0) for t in (k, v))
         back = torch.cat([mean_k, mean_k, mean_v, mean_v])
