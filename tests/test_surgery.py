@@ -74,9 +74,9 @@ def test_pooling_kv_heads_averages_each_group_and_reports_its_error(model):
     untouched_equal(model, new, report)
 
 
-@pytest.mark.parametrize("override, rule", [("model.position.base=50000", "rope"), ("model.attention.window=4", "window"),
-                                            ("model.position={kind: rope, base: 10000, scaling: {kind: yarn, "
-                                             "factor: 4, original_max_seq_len: 64}}", "rope")])
+@pytest.mark.parametrize("override, rule", [
+    ("model.position.base=50000", "rope"), ("model.attention.window=4", "window"),
+    ("model.position={kind: rope, base: 10000, scaling: {kind: yarn, factor: 4, original_max_seq_len: 64}}", "rope")])
 def test_position_and_window_changes_copy_every_tensor_and_report_the_logit_change(model, override, rule):
     new, report = edit(model, [override])
     assert set(report.tensors.values()) == {"copied"} and rule in report.rules
@@ -86,8 +86,9 @@ def test_position_and_window_changes_copy_every_tensor_and_report_the_logit_chan
 
 def test_a_nope_layer_type_is_a_position_change(model):
     new, report = edit(model, ["model.layer_types={rope: {}, nope: {position: none}}", "model.pattern=[rope, nope]"])
-    assert report.changed == {"layer_types": "rope", "pattern": "rope"} and set(report.tensors.values()) == {"copied"}
-    assert [type(p).__name__ for p in new.decoder.layer_positions] == ["NoPosition"] and report.logit_difference > 0
+    assert report.changed == {"layer_types": "rope", "pattern": "rope"}
+    assert set(report.tensors.values()) == {"copied"} and report.logit_difference > 0
+    assert [type(p).__name__ for p in new.decoder.layer_positions] == ["NoPosition"]
 
 
 def test_depth_duplicates_layers_in_place(model):
