@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Spec, UnitInterval
+from .schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability, Spec, UnitInterval
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,23 @@ class RuntimeConfig:
     device: str = "auto"
     dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
     compile: bool = False
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """The ``train.lora:`` section: low-rank adapters (Hu et al., 2021) through peft.
+
+    rank: r (8). alpha: the update is scaled by alpha / r (16). dropout: on the adapters' input
+    (0). targets: the module names (or name endings) peft wraps (qkv_proj, out_proj; add gate, up,
+    down for the MLP). adapter: also write the trained adapter alone to this safetensors file
+    (null). The checkpoint holds the merged weights, so it loads, generates and exports as any.
+    """
+
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 16.0
+    dropout: Probability = 0.0
+    targets: tuple[str, ...] = ("qkv_proj", "out_proj")
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,9 @@ class TrainConfig:
     float32 on the CPU) | float32 | bfloat16. parallel: ddp | fsdp under torchrun (ddp).
     init: a seqzoo checkpoint whose weights and tokenizer the run starts from (fine-tuning; the
     recipe's model must have the same tensors), or null for a fresh initialisation.
+    freeze / trainable: glob patterns over parameter names (``decoder.blocks.0.*``, ``*norm*``):
+    a parameter trains when it matches ``trainable`` (or it is empty) and not ``freeze``. lora: a
+    ``LoraConfig`` (low-rank adapters; only they train, plus what ``trainable`` names).
     """
 
     task: Spec["task"] = "copy"
@@ -63,3 +83,6 @@ class TrainConfig:
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     parallel: Literal["ddp", "fsdp"] = "ddp"
     init: str | None = None
+    freeze: tuple[str, ...] = ()
+    trainable: tuple[str, ...] = ()
+    lora: LoraConfig | None = None

@@ -16,6 +16,7 @@ from ..io.checkpoint import load, load_weights, read_metadata, read_recipe
 from ..recipe import resolve
 from ..registry import tokenizer
 from ..schema import dotted
+from ..schema import instantiate as instantiate_section
 from ..train.training import Distributed, TrainConfig, check_resumable, train
 
 
@@ -97,7 +98,7 @@ def _cmd_train(args) -> int:
     resolved = resolve(source, args.overrides, label=label)
     if resolved.data["train"] is None:  # no train: section — the defaults, recorded in the recipe
         resolved = resolve(source, [*args.overrides, "train={}"], label=label)
-    config = TrainConfig(**{k: v for k, v in resolved.data["train"].items()})
+    config = instantiate_section(resolved.data["train"], TrainConfig)  # nested sections (lora) as dataclasses
     if args.until is not None and args.until < 1:
         raise InputError(f"--until must be >= 1, got {args.until}")
     dist_info = Distributed.from_env()

@@ -27,6 +27,7 @@ from ..interfaces import LanguageModel, MaskedLanguageModel, Task, Tokenizer, au
 from ..io.checkpoint import check_can_save, read_extras, save, unwrap
 from ..nn.generation import generate
 from ..registry import registry
+from .lora import add_lora, choose_trainable, merge_lora, merged_state, save_adapter
 
 IGNORE = -100  # label of positions that carry no loss
 
@@ -347,6 +348,12 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     device = next(model.parameters()).device
     task = registry().create("task", config.task)
     examples = examples_for(model, tokenizer, task)
+    if config.lora is not None:
+        if resume is not None:
+            raise TrainingError("--resume of a LoRA run is not supported: its checkpoint holds the merged "
+                                "weights; start a new run with --init CKPT")
+        add_lora(model, config.lora)
+    choose_trainable(model, config)
     base = model
     model = _wrap(model, config, dist_info, device)
     optimizer = _optimizer(model, config)
@@ -398,6 +405,10 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     result_eval = examples.evaluate(model, config, device)
     if output:
         _save_or_rescue(output, model, base, optimizer, finished, config, history, dist_info)
+    if config.lora is not None:
+        if config.lora.adapter and dist_info.main:
+            save_adapter(base, config.lora.adapter, config.lora)
+        merge_lora(base)  # the trained model, plain again
     example = examples.example_text(task.example(example_rng(config.seed, "eval"), "eval"))
     return RunResult(history, result_eval, example, finished, time.perf_counter() - began)
 
@@ -452,6 +463,8 @@ def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim
     so ``--resume`` continues exactly. Every rank takes part in gathering sharded state; only rank
     0 writes."""
     weights = _model_state(model)
+    if config.lora is not None:  # the checkpoint holds the merged weights under their own names
+        weights = merged_state(base, weights)
     tensors, settings = train_state(model, optimizer)
     if not dist_info.main:
         return
