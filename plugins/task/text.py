@@ -1,4 +1,5 @@
-"""Task `text`: language modelling on a local text file (UTF-8 bytes), with a held-out split.
+"""Task `text`: language modelling on a local text file, or a folder of them (UTF-8), with a
+held-out split.
 
 The file is split once: the first ``1 − validation`` of it trains, the rest validates. Each
 example is a random window of ``window`` characters with an empty prompt; text is scored by loss,
@@ -16,18 +17,22 @@ from seqzoo.schema import PositiveInt, Probability
 
 
 class TextTask(Task):
-    """path: the text file (required). window: characters per example (128). validation: the
-    fraction held out at the end of the file (0.1)."""
+    """path: a text file, or a folder whose ``*.txt`` files (sorted, recursively) are joined
+    (required). window: characters per example (128). validation: the fraction held out at the
+    end of the text (0.1)."""
 
     exact_match = False
 
     def __init__(self, path: str, window: PositiveInt = 128, validation: Probability = 0.1) -> None:
         file = Path(path).expanduser()
+        files = sorted(file.rglob("*.txt")) if file.is_dir() else [file]
+        if not files:
+            raise ConfigError(f"task text: the folder path={path!r} has no .txt file")
         try:
-            text = file.read_text(encoding="utf-8", errors="replace")
+            text = "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
         except OSError as error:
             raise ConfigError(f"task text: cannot read path={path!r} ({error.strerror or error}); "
-                              f"give an existing UTF-8 text file") from None
+                              f"give an existing UTF-8 text file or a folder of .txt files") from None
         cut = int(len(text) * (1 - validation))
         self.splits = {"train": text[:cut], "eval": text[cut:] or text[:cut]}
         shortest = min(len(part) for part in self.splits.values())

@@ -97,3 +97,17 @@ def test_min_len_above_max_len_is_a_clear_error(name):
 def test_alphabet_with_the_separator_is_rejected():
     with pytest.raises(ConfigError, match="must not contain the separator '='"):
         make("copy", alphabet="ab=")
+
+
+def test_text_task_joins_a_folder_of_text_files_in_order(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a.txt").write_text("first " * 40)
+    (tmp_path / "b" / "c.txt").write_text("second " * 40)
+    (tmp_path / "skip.md").write_text("not read")
+    task = seqzoo.registry().create("task", {"kind": "text", "path": str(tmp_path), "window": 16, "validation": 0.5})
+    joined = task.splits["train"] + task.splits["eval"]
+    assert joined.startswith("first ") and joined.endswith("second ") and "not read" not in joined
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(seqzoo.SeqzooError, match=r"has no \.txt file"):
+        seqzoo.registry().create("task", {"kind": "text", "path": str(empty)})
