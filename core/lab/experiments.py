@@ -16,6 +16,8 @@
   for attention, Mamba, Mamba-2 and a 1-in-4 hybrid (Arora et al., 2023).
 - ``moe`` (``seqzoo.lab.moe``): a dense FFN against mixtures of experts with the same active
   parameters, and the experts' load with and without balancing.
+- ``surgery`` (``seqzoo.lab.surgery``): edits of SmolLM2-135M (YaRN, fewer K/V heads healed by
+  LoRA and by full fine-tuning, upcycling), measured by perplexity on pydoc text.
 
 Each writes ``NAME.md`` (a markdown table), ``NAME.json`` and ``NAME.png`` into the output folder.
 The text-task experiments train through ``seqzoo.train.training.train`` and score through
@@ -41,7 +43,7 @@ from ..files import write_text_atomic
 from ..io.build import build
 from ..registry import registry, tokenizer
 from ..train.training import Examples, TrainConfig, example_rng, train
-from . import linear_time, moe, recall
+from . import linear_time, moe, recall, surgery
 from .plots import figure, require_matplotlib, save_figure
 from .result import ExperimentResult
 
@@ -249,12 +251,14 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "linear-time": linear_time.linear_time,
     "recall": recall.recall,
     "moe": moe.moe,
+    "surgery": surgery.surgery,
 }
 #: Experiments that draw their own picture: name -> (draw(result, fig), (width, height) in inches).
 DRAWERS: dict[str, tuple[Callable, tuple[float, float]]] = {
     "linear-time": (linear_time.draw, (10.5, 4.0)),
     "recall": (recall.draw, (10.0, 4.0)),
     "moe": (moe.draw, (10.0, 4.0)),
+    "surgery": (surgery.draw, (10.0, 4.0)),
 }
 
 

@@ -14,6 +14,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -338,10 +339,12 @@ class RunResult:
 
 def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output: str | None = None,
           resume: str | None = None, until: int | None = None, quiet: bool = False,
-          compile: bool = False) -> RunResult:
+          compile: bool = False, on_log: Callable[[int], None] | None = None) -> RunResult:
     """Train ``model`` in place on ``config.task``; write ``output`` (rank 0) at the end, every
     ``save_every`` steps, and when interrupted (Ctrl-C). ``resume`` continues a run from its
-    checkpoint; ``until`` stops after that step (a checkpoint to resume from later)."""
+    checkpoint; ``until`` stops after that step (a checkpoint to resume from later). ``on_log``
+    is called with the step number at every history entry (an experiment's own measurement; the
+    model is back in training mode afterwards)."""
     dist_info = Distributed.from_env()
     if output and dist_info.main:  # before the first step: a run must have somewhere to end up
         check_can_save(output)
@@ -387,6 +390,10 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
                     tokens_seen, window_start = 0, time.perf_counter()
                     bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}",
                                     **{k: f"{v:.3f}" for k, v in entry.get("aux", {}).items()})
+                    if on_log is not None:
+                        on_log(done)
+                        model.train()
+                        window_start = time.perf_counter()
                 bar.update(1)
                 if config.eval_every and done % config.eval_every == 0 and done != last and history:
                     interim = examples.evaluate(model, config, device)

@@ -1,5 +1,6 @@
 """RoPE base, RoPE scaling and NoPE layers: a change of a position scheme that has no weights
-(``rope``, ``alibi``, ``sinusoidal``, ``none``), for the whole model or per layer type.
+(``rope``, ``alibi``, ``sinusoidal``, ``none``), for the whole model or per layer type, and with
+it the model's ``max_seq_len`` (no table to grow).
 
 No tensor changes — the same weights meet other rotation frequencies (a YaRN or linear extension,
 a new base) or none at all (NoPE) — so the edit is exact in its weights and changes the function:
@@ -45,7 +46,10 @@ class RopeTransfer(TransferRule):
                 for section in (old, new):
                     value = (section.get(parts[0]) or {}).get(parts[1])
                     specs.append(value.get("position") if isinstance(value, dict) else None)
-        return keys if all(_kind(s) in WEIGHTLESS + (None,) for s in specs) else []
+        weightless = all(_kind(s) in WEIGHTLESS + (None,) for s in specs)
+        if "max_seq_len" in changed and weightless and _kind(old["position"]) in WEIGHTLESS:
+            keys.append("max_seq_len")  # no position table to grow or cut: a limit, nothing more
+        return keys if weightless else []
 
 
 @seqzoo.hookimpl
