@@ -425,6 +425,11 @@ class TransferRule:
     def error(self, old_state: dict[str, Tensor], new_state: dict[str, Tensor]) -> dict[str, float]:
         return {}
 
+    def measure(self, old: nn.Module, new: nn.Module, probe: Tensor) -> dict[str, float]:
+        """What the rule compares between the built models on ``probe`` ids (1, T) when their
+        logits cannot be (a decoder turned encoder has none): {what: value}."""
+        return {}
+
 
 class RecurrentCell(nn.Module):
     """A recurrent cell. Constructor ``(input_size, hidden_size, **params)``.

@@ -112,7 +112,22 @@ def test_dry_run_prints_the_plan_and_changes_nothing(model, capsys, tmp_path):
 
 
 def test_a_change_no_rule_covers_is_refused_naming_the_key_and_the_rules(model):
-    with pytest.raises(InputError, match=r"no transfer rule covers model\.dim; the rules are depth, kv_heads, "):
+    with pytest.raises(InputError, match=r"no transfer rule covers model\.dim; the rules are bidirectional, depth, "):
         edit(model, ["model.dim=128"])
     with pytest.raises(InputError, match=r"changes outside model:"):
         edit(model, ["tokenizer=hf"])
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_decoder_becomes_a_bidirectional_encoder_on_the_same_layers(layers):
+    torch.manual_seed(0)
+    model = seqzoo.build("tiny-llama", ["model.position.scaling=null", f"model.layers={layers}"], device="cpu").eval()
+    new, report = edit(model, ["model.kind=encoder", "model.type_vocab_size=0", "model.pooler=false"])
+    assert new.recipe["model"]["kind"] == "encoder" and "tie_embeddings" not in new.recipe["model"]
+    measured = report.rules["bidirectional"]["errors"]
+    # one layer: the last token attended to every token under either mask, so it cannot move;
+    # with two, it reads earlier tokens that now saw the future
+    assert (measured["hidden-state change, last token"] < 1e-5) == (layers == 1)
+    assert measured["hidden-state change, earlier tokens"] > 1e-3 and report.logit_difference is None
+    for name, tensor in new.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name.replace("encoder.", "decoder.", 1)]), name

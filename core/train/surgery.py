@@ -12,13 +12,14 @@ rule's own reconstruction error. ``dry_run`` stops after the plan.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ..errors import InputError
-from ..interfaces import TransferRule
+from ..interfaces import LanguageModel, TransferRule
 from ..io.build import instantiate
 from ..io.checkpoint import unwrap
 from ..recipe import resolve
@@ -71,7 +72,7 @@ def edit(model: nn.Module, overrides: list[str], *, dry_run: bool = False, seed:
     (``--set`` strings: ``model.attention.kv_heads=1``) applied to its recipe."""
     model = unwrap(model)
     old_recipe = model.recipe
-    new_recipe = resolve(copy.deepcopy(old_recipe), overrides, label="edit").data
+    new_recipe = resolve(_for_kind(old_recipe, overrides), overrides, label="edit").data
     old, new = old_recipe["model"], new_recipe["model"]
     changed = changed_keys(old, new)
     other = [k for k in changed_keys({k: v for k, v in old_recipe.items() if k != "model"},
@@ -116,14 +117,20 @@ def edit(model: nn.Module, overrides: list[str], *, dry_run: bool = False, seed:
                              f"{', '.join('model.' + k for k in changed)})")
     if dry_run:
         return None, report
-    for name, rule in rules:
-        report.rules[name] = {"exact": rule.exact, "errors": rule.error(old_state, new_state)}
     built.load_state_dict(new_state)
     if getattr(model, "tokenizer_state", None) is not None:
         built.tokenizer_state = model.tokenizer_state
     built.eval()
-    report.logit_difference = _logit_difference(model, built, probe)
-    if all(rule.exact for _, rule in rules) and report.logit_difference > EXACT:
+    probe = probe if probe is not None else torch.randint(3, old["vocab_size"], (2, min(32, old["max_seq_len"])),
+                                                           generator=torch.Generator().manual_seed(1))
+    model.eval()
+    for name, rule in rules:
+        with torch.no_grad():
+            measured = rule.measure(model, built, probe.to(device))
+        report.rules[name] = {"exact": rule.exact, "errors": {**rule.error(old_state, new_state), **measured}}
+    if isinstance(built, LanguageModel) and built.family == "causal":
+        report.logit_difference = _logit_difference(model, built, probe)
+    if all(rule.exact for _, rule in rules) and (report.logit_difference or 0.0) > EXACT:
         raise AssertionError(f"edit: exact rules left a logit difference of {report.logit_difference:.3g}")
     return built, report
 
@@ -138,12 +145,20 @@ def _planned(rule: TransferRule, old: dict, new: dict, old_state: dict, new_stat
         return []
 
 
-def _logit_difference(old: nn.Module, new: nn.Module, probe: torch.Tensor | None) -> float:
-    """max |logits_old − logits_new| over the old vocabulary on ``probe`` (a random (2, 32) batch)."""
+def _for_kind(recipe: dict, overrides: list[str]) -> dict:
+    """The recipe to apply ``overrides`` to: when they change ``model.kind``, without the model
+    keys the new kind does not take (a decoder's ``tie_embeddings`` for an encoder)."""
+    recipe = copy.deepcopy(recipe)
+    kinds = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "model.kind"]
+    if kinds and kinds[-1] != recipe["model"]["kind"]:
+        accepted = inspect.signature(registry().get("model", kinds[-1]).cls.__init__).parameters
+        recipe["model"] = {k: v for k, v in recipe["model"].items() if k in accepted or k == "kind"}
+    return recipe
+
+
+def _logit_difference(old: nn.Module, new: nn.Module, probe: torch.Tensor) -> float:
+    """max |logits_old − logits_new| over the old vocabulary on ``probe``."""
     vocab = old.recipe["model"]["vocab_size"]
-    if probe is None:
-        probe = torch.randint(3, vocab, (2, min(32, old.recipe["model"]["max_seq_len"])),
-                              generator=torch.Generator().manual_seed(1))
     device = next(old.parameters()).device
     old.eval()
     with torch.no_grad():
