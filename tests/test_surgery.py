@@ -107,8 +107,11 @@ def test_dry_run_prints_the_plan_and_changes_nothing(model, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "attention.kv_heads: kv_heads" in out and "15 copied" in out and not (tmp_path / "out.safetensors").exists()
     assert main(["edit", str(tmp_path / "m.safetensors"), "--set", "model.layers=3", "-o",
-                 str(tmp_path / "out.safetensors")]) == 0
+                 str(tmp_path / "out.safetensors"), "--recipe", str(tmp_path / "out.yaml")]) == 0
     assert seqzoo.load(tmp_path / "out.safetensors").recipe["model"]["layers"] == 3
+    # the edited recipe trains from the edited weights
+    assert main(["train", str(tmp_path / "out.yaml"), "--init", str(tmp_path / "out.safetensors"), "--quiet",
+                 "--set", "train.steps=2", "--set", "train.eval_examples=4"]) == 0
 
 
 def test_a_change_no_rule_covers_is_refused_naming_the_key_and_the_rules(model):

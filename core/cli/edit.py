@@ -7,7 +7,10 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from ..errors import InputError
+from ..files import write_text_atomic
 from ..io.checkpoint import load, save
 from ..io.gguf import from_gguf
 from ..io.hf import from_hf
@@ -37,7 +40,9 @@ def _cmd_edit(args: argparse.Namespace) -> int:
         print(line)
     if edited is not None:
         save(edited, args.output)
-        print(f"-> {args.output}")
+        if args.recipe:
+            write_text_atomic(Path(args.recipe), yaml.safe_dump(edited.recipe, sort_keys=False))
+        print(f"-> {args.output}" + (f" (recipe: {args.recipe})" if args.recipe else ""))
     return 0
 
 
@@ -48,4 +53,5 @@ def register_cli(add: Callable[..., argparse.ArgumentParser]) -> dict[str, Calla
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a recipe change (repeatable)")
     p.add_argument("-o", "--output", help="the edited checkpoint (.safetensors)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (tensors copied, made, initialised)")
+    p.add_argument("--recipe", metavar="FILE.yaml", help="also write the edited recipe (to train it with --init)")
     return {"edit": _cmd_edit}
