@@ -26,6 +26,7 @@ from torch import nn
 from ..errors import InputError
 from ..interfaces import LanguageModel
 from ..registry import tokenizer as tokenizer_of
+from .progress import progress as progress_bar
 
 IGNORE = -100
 
@@ -83,7 +84,7 @@ def evaluate(model: nn.Module, text: str | None = None, *, ids: torch.Tensor | N
         raise InputError(f"context={context} is longer than the model's {limit} positions; use --context {limit}")
     device = next(model.parameters()).device
     plan = windows(ids.numel(), context, stride)
-    bar = _bar(len(plan), progress)
+    bar = progress_bar(len(plan), unit="window", show=progress, leave=False)
     total, count = 0.0, 0
     began = time.perf_counter()
     model.eval()
@@ -108,25 +109,3 @@ def evaluate(model: nn.Module, text: str | None = None, *, ids: torch.Tensor | N
     bar.close()
     nll = total / count
     return Evaluation(math.exp(nll), nll, count, len(plan), context, stride, time.perf_counter() - began)
-
-
-def _bar(total: int, show: bool):
-    if show:
-        try:
-            from tqdm.auto import tqdm
-
-            return tqdm(total=total, unit="window", dynamic_ncols=True, leave=False)
-        except ImportError:  # tqdm is optional
-            pass
-    return _NoBar()
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: object) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

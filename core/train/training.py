@@ -29,6 +29,7 @@ from ..io.checkpoint import check_can_save, read_extras, save, unwrap
 from ..nn.generation import generate
 from ..registry import registry
 from .lora import add_lora, choose_trainable, merge_lora, merged_state, save_adapter
+from .progress import progress
 
 IGNORE = -100  # label of positions that carry no loss
 
@@ -509,21 +510,4 @@ def _autocast(config: TrainConfig, device: torch.device):
 
 
 def _progress(start: int, total: int, quiet: bool):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional
-        tqdm = None
-    if quiet or tqdm is None:
-        return _NoBar()
-    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, leave=True)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: object) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    return progress(total, unit="step", initial=start, show=not quiet)
