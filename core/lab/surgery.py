@@ -150,7 +150,7 @@ def draw(result: ExperimentResult, fig) -> None:
     for how, curve in data["heal"].items():
         steps, values = zip(*curve)
         right.plot(steps, values, marker="o", ms=3, label=f"healed by {how}")
-    right.set(xlabel="fine-tuning step", ylabel="perplexity after kv_heads → 1")
+    right.set(xlabel="fine-tuning step", ylabel="perplexity after kv_heads → 1", yscale="log")
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
