@@ -3,8 +3,9 @@
 (``pydoc_data.topics``: the first 90% trains, the rest is scored).
 
 1. **Context.** Perplexity at contexts 2k, 4k, 8k and 16k (disjoint windows over the held-out
-   tokens, at most 16k of them: pydoc's last 10% is 11.4k) of the model as trained (RoPE base 100000, trained to 8k) and with a YaRN
-   extension (factor 2 over the trained 8k: ``seqzoo edit --set model.position.scaling=...``).
+   tokens, at most 16k of them: pydoc's last 10% is 11.4k) of the model as trained (RoPE base
+   100000, trained to 8k) and with a YaRN extension (factor 2 over the trained 8k:
+   ``seqzoo edit --set model.position.scaling=...``).
 2. **Fewer K/V heads.** ``model.attention.kv_heads`` 3 → 1 (MQA; each new head the mean of three):
    perplexity right after the edit, then during a short heal on the training split — LoRA
    (rank 16 on the attention projections) and full fine-tuning, the same steps, data and seed.
