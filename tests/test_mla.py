@@ -34,7 +34,8 @@ def by_the_formula(m, x, rope):
     b, t, _ = x.shape
     q = m.q_b_proj(F.rms_norm(m.q_a_proj(x), (12,), m.q_a_norm.weight, 1e-6)).view(b, t, 3, 10)
     latent, k_pe = m.kv_a_proj(x).split([10, 4], -1)
-    c = F.rms_norm(latent, (10,), m.kv_a_norm.weight, 1e-6)  # (B, T, r)
+    normed = isinstance(m.kv_a_norm, torch.nn.RMSNorm)  # latent_norm: false leaves c linear in x
+    c = F.rms_norm(latent, (10,), m.kv_a_norm.weight, 1e-6) if normed else latent  # (B, T, r)
     pos = torch.arange(t)[None]
     cos, sin = rope.angles(pos)  # (1, 1, T, 2)
     outs = []
@@ -50,18 +51,21 @@ def by_the_formula(m, x, rope):
     return m.out_proj(torch.cat(outs, -1))
 
 
-def test_mla_equals_the_formula_written_out():
+@pytest.mark.parametrize("latent_norm", [True, False])
+def test_mla_equals_the_formula_written_out(latent_norm):
     pytest.importorskip("seqzoo.plugins.position.rope")
-    m, rope = mixer(), rope_scheme()
+    m, rope = mixer(latent_norm=latent_norm), rope_scheme()
+    assert ("kv_a_norm.weight" in m.state_dict()) == latent_norm
     x = torch.randn(2, 7, C)
     context = self_attention_inputs(rope, torch.arange(7)[None], causal=True)
     with torch.no_grad():
         torch.testing.assert_close(m(x, context), by_the_formula(m, x, rope), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("q_lora_rank", [12, None])
-def test_absorbed_attention_equals_the_plain_one_in_the_forward_and_in_decoding(q_lora_rank):
-    plain, absorbed = mixer(absorb=False, q_lora_rank=q_lora_rank), mixer(absorb=True, q_lora_rank=q_lora_rank)
+@pytest.mark.parametrize("q_lora_rank, latent_norm", [(12, True), (None, True), (None, False)])
+def test_absorbed_attention_equals_the_plain_one_in_the_forward_and_in_decoding(q_lora_rank, latent_norm):
+    plain, absorbed = (mixer(absorb=absorb, q_lora_rank=q_lora_rank, latent_norm=latent_norm)
+                       for absorb in (False, True))
     absorbed.load_state_dict(plain.state_dict())
     rope = rope_scheme()
     x = torch.randn(2, 9, C)
@@ -69,7 +73,7 @@ def test_absorbed_attention_equals_the_plain_one_in_the_forward_and_in_decoding(
     with torch.no_grad():
         full = plain(x, context)
         torch.testing.assert_close(absorbed(x, context), full, atol=1e-5, rtol=1e-5)
-        for m in (plain, absorbed, mixer(q_lora_rank=q_lora_rank)):  # the default absorbs when decoding
+        for m in (plain, absorbed, mixer(q_lora_rank=q_lora_rank, latent_norm=latent_norm)):  # default: absorbs
             m.load_state_dict(plain.state_dict())
             cache = seqzoo.nn.cache.KVCache([m.new_state(2, 9)], 2, 9)
             steps = []

@@ -99,6 +99,82 @@ def test_depth_duplicates_layers_in_place(model):
     assert not report.rules["depth"]["exact"]
 
 
+def latent(rank: int, rope: int = 8) -> str:
+    return (f"model.mixer={{kind: mla, heads: 4, kv_lora_rank: {rank}, qk_nope_head_dim: {16 - rope}, "
+            f"qk_rope_head_dim: {rope}, v_head_dim: 16, latent_norm: false}}")
+
+
+def sharpened(*overrides):
+    """tiny-llama with its q/k/v weights ×8, so that attention is far from uniform and a wrong
+    row, rotation or head grouping shows in the logits."""
+    torch.manual_seed(0)
+    m = seqzoo.build("tiny-llama", list(overrides), device="cpu").eval()
+    with torch.no_grad():
+        for block in m.decoder.blocks:
+            block.attn.qkv_proj.weight.mul_(8)
+    return m
+
+
+def test_mqa_to_latent_attention_is_exact_at_full_rank_with_every_rotated_dim_kept():
+    # MQA with partial rotary (8 of 16 dims, YaRN scaling as tiny-llama has it): the 8 rotated
+    # dims become MLA's shared k_pe, the 8 others the nope part; rank 24 = 8 + 16 holds [k_nope; v]
+    model = sharpened("model.attention.kv_heads=1", "model.position.rotary_dim=8")
+    _, plan = edit(model, [latent(24), "model.position.rotary_dim=null"], dry_run=True)
+    assert plan.tensors["decoder.blocks.1.attn.kv_b_proj.weight"] == "mla" and plan.logit_difference is None
+    new, report = edit(model, [latent(24), "model.position.rotary_dim=null"])
+    assert report.rules["mla"]["exact"] and report.logit_difference < 1e-5
+    assert report.rules["mla"]["errors"]["relative K/V weight error (SVD)"] < 1e-6
+    assert type(new.decoder.blocks[0].attn).__name__ == "LatentAttention"
+    untouched_equal(model, new, report)
+    assert report.tensors["decoder.blocks.0.attn.out_proj.weight"] == "copied"
+    prompt = torch.randint(3, 259, (1, 5))  # the latent cache decodes what the full forward gives
+    assert torch.equal(seqzoo.generate(new, prompt, 12, eos_id=None), seqzoo.generate(model, prompt, 12, eos_id=None))
+
+
+@pytest.mark.parametrize("rank", [48, 12])
+def test_gqa_to_latent_attention_reports_the_svd_and_rotary_key_errors_it_makes(rank):
+    model = sharpened("model.position.scaling=null")  # GQA: 4 query heads, 2 K/V heads of 16 dims
+    new, report = edit(model, [latent(rank), "model.position.base=100"])  # 10000^(8/16)
+    errors = report.rules["mla"]["errors"]
+    # rotate-half over 16 dims: frequency i at dims (i, i + 8); the 4 highest stay rotating as
+    # MLA's (j, j + 4), so dims 0-3 and 8-11 become k_pe and 4-7, 12-15 the nope part
+    rope, nope = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    dropped = total = pooled = key = 0.0
+    for old_block, new_block in zip(model.decoder.blocks, new.decoder.blocks):
+        q, k, v = old_block.attn.qkv_proj.weight.double().split([64, 32, 32])
+        k, v = k.view(2, 16, -1), v.view(2, 16, -1)
+        attn = new_block.attn
+        assert torch.allclose(attn.q_proj.weight.view(4, 16, -1),
+                              q.view(4, 16, -1)[:, nope + rope].float())
+        # the error claimed, recomputed from the new weights: [k_nope; v] of each K/V group
+        # against up @ down, and the shared k_pe against each head's rotated rows
+        stacked = torch.cat([k[:, nope], v], 1)  # (2, 24, C)
+        down, shared = attn.kv_a_proj.weight.double().split([rank, 8])
+        up = attn.kv_b_proj.weight.double().view(4, 24, rank)
+        assert torch.equal(up[0], up[1]) and torch.equal(up[2], up[3])  # query heads 0, 1 read group 0
+        rebuilt = up[::2] @ down
+        dropped += (stacked - rebuilt).pow(2).sum().item()
+        total += stacked.pow(2).sum().item()
+        pooled += (k[:, rope] - shared).pow(2).sum().item()
+        key += k[:, rope].pow(2).sum().item()
+        assert torch.allclose(shared, k[:, rope].mean(0), atol=1e-6)
+    assert errors["relative K/V weight error (SVD)"] == pytest.approx((dropped / total) ** 0.5, rel=1e-4, abs=1e-6)
+    assert errors["relative rotary key error (heads pooled)"] == pytest.approx((pooled / key) ** 0.5, rel=1e-5)
+    assert (errors["relative K/V weight error (SVD)"] < 1e-6) == (rank == 48)
+    assert not report.rules["mla"]["exact"] and report.logit_difference > 1e-3
+    untouched_equal(model, new, report)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.position.base=10000", r"model\.position\.base: set it to 100\.0 = 10000\^\(8/16\)"),
+    ("model.mixer.latent_norm=true", r"model\.mixer\.latent_norm: set latent_norm: false"),
+    ("model.mixer.v_head_dim=8", r"model\.mixer\.v_head_dim: set v_head_dim: 16"),
+])
+def test_latent_attention_edits_it_cannot_carry_are_refused_in_one_line(model, override, message):
+    with pytest.raises(InputError, match=message):
+        edit(model, [latent(16), "model.position.base=100", override])
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(model, capsys, tmp_path):
     from seqzoo.cli import main
 

@@ -36,9 +36,10 @@ from ..train.training import TrainConfig, train
 from .result import ExperimentResult
 
 FULL = {"contexts": [2048, 4096, 8192, 16384], "heal_context": 1024, "heal_tokens": 8192, "steps": 60,
-        "log_every": 10, "batch": 4, "window": 1024, "lr_full": 2e-5, "lr_lora": 4e-4, "rank": 16}
+        "log_every": 10, "batch": 4, "window": 1024, "lr_full": 2e-5, "lr_lora": 4e-4, "rank": 16,
+        "latent_ranks": [288, 192, 128, 64]}
 QUICK = {"contexts": [32, 64], "heal_context": 32, "heal_tokens": 128, "steps": 4, "log_every": 2, "batch": 2,
-         "window": 64, "lr_full": 1e-3, "lr_lora": 1e-2, "rank": 4}
+         "window": 64, "lr_full": 1e-3, "lr_lora": 1e-2, "rank": 4, "latent_ranks": [48, 16]}
 
 
 def smollm2_path() -> str | None:
@@ -133,11 +134,42 @@ def surgery(quick: bool = False, log: Callable[[str], None] = print) -> Experime
                  f"largest logit change {up.logit_difference:.3g} at initialisation"])
     log(f"upcycling: max |Δ logit| {up.logit_difference:.3g} (exact: {up.rules['upcycle']['exact']})")
 
+    # 4. GQA -> multi-head latent attention, at several latent ranks
+    data["latent"] = latent_attention(model, shape["latent_ranks"], score, log)
+    for r in data["latent"]["runs"]:
+        rows.append([f"GQA → MLA, rank {r['rank']} (cache {r['cache']} numbers per token and layer, "
+                     f"was {data['latent']['cache_before']})",
+                     f"perplexity {before:.3f} → {r['perplexity']:.3f} unhealed; K/V weight error "
+                     f"{r['kv_error']:.3f}, rotary key error {r['rope_error']:.3f}"])
+
     columns = ["edit", "measured"]
     settings = {**shape, "source": source, "held_out_tokens": int(held_out.numel()), "yarn": yarn,
                 "text": "pydoc_data.topics, first 90% trains, the rest is scored"}
     return ExperimentResult("surgery", f"Edits of {source}: context extension, fewer K/V heads healed, upcycling",
                             columns, rows, settings, data)
+
+
+def latent_attention(model, ranks: list[int], score: Callable, log: Callable[[str], None]) -> dict:
+    """GQA -> MLA (``plugins/transfer/mla.py``) with half of each head's dims rotating, at each
+    latent rank: the perplexity ``score`` gives the edited model, and the errors the rule reports."""
+    attn, position = model.recipe["model"]["attention"], model.recipe["model"]["position"]
+    d = attn["head_dim"] or model.recipe["model"]["dim"] // attn["heads"]
+    rope = d // 2
+    base = position["base"] ** (rope / d)
+    out = {"cache_before": 2 * (attn["kv_heads"] or attn["heads"]) * d, "rope_dims": rope, "base": base, "runs": []}
+    for rank in ranks:
+        spec = {"kind": "mla", "heads": attn["heads"], "kv_lora_rank": rank, "qk_nope_head_dim": d - rope,
+                "qk_rope_head_dim": rope, "v_head_dim": d, "latent_norm": False}
+        latent, report = edit(model, [f"model.mixer={json.dumps(spec)}", f"model.position.base={base!r}"])
+        errors = report.rules["mla"]["errors"]
+        run = {"rank": rank, "cache": rank + rope, "perplexity": score(latent.eval()),
+               "kv_error": errors["relative K/V weight error (SVD)"],
+               "rope_error": errors.get("relative rotary key error (heads pooled)", 0.0)}
+        out["runs"].append(run)
+        log(f"GQA → MLA rank {rank}: perplexity {run['perplexity']:.3f}, K/V error {run['kv_error']:.3f}, "
+            f"rotary key error {run['rope_error']:.3f}, cache {run['cache']} numbers per token and layer "
+            f"(was {out['cache_before']})")
+    return out
 
 
 def draw(result: ExperimentResult, fig) -> None:

@@ -1,7 +1,7 @@
 """Multi-head latent attention (DeepSeek-V2, DeepSeek-AI, 2024; DeepSeek-V3): keys and values
 compressed into one latent per token, which is all the cache keeps.
 
-    c = RMSNorm(W_DKV x)                         (r)       the latent; with k_pe it is the cache
+    c = RMSNorm(W_DKV x)  or  W_DKV x            (r)       the latent; with k_pe it is the cache
     k_pe = RoPE(W_KR x)                          (d_r)     one rotary key shared by every head
     q = W_UQ RMSNorm(W_DQ x)  or  W_Q x          per head [q_nope (d_n) | q_pe (d_r)], q_pe rotated
     k_h = [W_UK,h c | k_pe],  v_h = W_UV,h c     per head (d_n + d_r) keys, d_v values
@@ -36,7 +36,9 @@ class LatentAttention(Mixer):
     (required). v_head_dim: d_v (null = d_n). bias: on the down projections and the output (false).
     norm_eps: ε of the latent and query norms (1e-6). scale: σ (null = (d_n + d_r)^−½; YaRN's
     attention mscale goes here). absorb: fold W_UK and W_UV when decoding (null = when a cache is
-    read, true, false)."""
+    read, true, false). latent_norm: RMSNorm on the latent (true, as DeepSeek); false keeps
+    k and v linear in x, as a factorisation of trained attention's K/V projections is
+    (``seqzoo edit``'s ``mla`` rule)."""
 
     recipe_example = """
         seqzoo: 1
@@ -52,7 +54,7 @@ class LatentAttention(Mixer):
     def __init__(self, dim: int, heads: PositiveInt, kv_lora_rank: PositiveInt, qk_nope_head_dim: PositiveInt,
                  qk_rope_head_dim: PositiveInt, v_head_dim: PositiveInt | None = None,
                  q_lora_rank: PositiveInt | None = None, bias: bool = False, norm_eps: PositiveFloat = 1e-6,
-                 scale: PositiveFloat | None = None, absorb: bool | None = None) -> None:
+                 scale: PositiveFloat | None = None, absorb: bool | None = None, latent_norm: bool = True) -> None:
         super().__init__(dim)
         self.heads, self.rank, self.q_rank = heads, kv_lora_rank, q_lora_rank
         self.nope, self.rope, self.value = qk_nope_head_dim, qk_rope_head_dim, v_head_dim or qk_nope_head_dim
@@ -66,7 +68,7 @@ class LatentAttention(Mixer):
             self.q_a_norm = torch.nn.RMSNorm(q_lora_rank, eps=norm_eps)
             self.q_b_proj = Linear(q_lora_rank, h * qk, bias=False)
         self.kv_a_proj = Linear(dim, kv_lora_rank + self.rope, bias=bias)
-        self.kv_a_norm = torch.nn.RMSNorm(kv_lora_rank, eps=norm_eps)
+        self.kv_a_norm = torch.nn.RMSNorm(kv_lora_rank, eps=norm_eps) if latent_norm else torch.nn.Identity()
         self.kv_b_proj = Linear(kv_lora_rank, h * (self.nope + self.value), bias=False)
         self.out_proj = Linear(h * self.value, dim, bias=bias)
         self.score = seqzoo.registry().create("score", {"kind": "scaled_dot", "scale": self.scale}, qk, qk, h)

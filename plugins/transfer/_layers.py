@@ -1,5 +1,5 @@
-"""What the transfer rules share: which changed keys sit under a part of the model section, and
-the layer prefixes of a decoder's state dict."""
+"""What the transfer rules share: which changed keys sit under a part of the model section, the
+layer prefixes of a decoder's state dict, and a component spec's kind."""
 from __future__ import annotations
 
 import re
@@ -15,3 +15,8 @@ def under(changed: list[str], part: str) -> list[str]:
 def block(i: int) -> str:
     """The state-dict prefix of decoder layer i."""
     return f"decoder.blocks.{i}."
+
+
+def kind_of(spec) -> str | None:
+    """The kind of a component spec: a bare name, a mapping's ``kind``, or None."""
+    return spec if isinstance(spec, str) or spec is None else spec.get("kind")

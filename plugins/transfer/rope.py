@@ -14,14 +14,10 @@ import seqzoo
 from seqzoo.interfaces import TransferRule
 from seqzoo.nn.layers import layer_plan
 
-from ._layers import under
+from ._layers import kind_of, under
 
 #: Position schemes whose state dict is empty: switching among them moves no tensor.
 WEIGHTLESS = ("rope", "alibi", "sinusoidal", "none")
-
-
-def _kind(spec) -> str | None:
-    return spec if isinstance(spec, str) or spec is None else spec.get("kind")
 
 
 class RopeTransfer(TransferRule):
@@ -37,7 +33,7 @@ class RopeTransfer(TransferRule):
             before, after = layer_plan(old), layer_plan(new)
             strip = lambda plan: replace(plan, type=None, position={})  # noqa: E731
             if len(before) == len(after) and all(strip(a) == strip(b) for a, b in zip(before, after)) and all(
-                    _kind(p.position) in WEIGHTLESS for p in before + after):
+                    kind_of(p.position) in WEIGHTLESS for p in before + after):
                 keys += layout
         specs = [old["position"], new["position"]]
         for key in keys:  # a layer type's or override's own position spec
@@ -46,8 +42,8 @@ class RopeTransfer(TransferRule):
                 for section in (old, new):
                     value = (section.get(parts[0]) or {}).get(parts[1])
                     specs.append(value.get("position") if isinstance(value, dict) else None)
-        weightless = all(_kind(s) in WEIGHTLESS + (None,) for s in specs)
-        if "max_seq_len" in changed and weightless and _kind(old["position"]) in WEIGHTLESS:
+        weightless = all(kind_of(s) in WEIGHTLESS + (None,) for s in specs)
+        if "max_seq_len" in changed and weightless and kind_of(old["position"]) in WEIGHTLESS:
             keys.append("max_seq_len")  # no position table to grow or cut: a limit, nothing more
         return keys if weightless else []
 

@@ -15,11 +15,7 @@ import torch
 import seqzoo
 from seqzoo.interfaces import TransferRule
 
-from ._layers import block
-
-
-def _kind(spec) -> str | None:
-    return spec if isinstance(spec, str) or spec is None else spec.get("kind")
+from ._layers import block, kind_of
 
 
 class UpcycleTransfer(TransferRule):
@@ -28,10 +24,10 @@ class UpcycleTransfer(TransferRule):
     def claims(self, old: dict, new: dict, changed: list[str]) -> list[str]:
         keys = [k for k in changed if k == "ffn" or k.startswith("ffn.")]
         dense, moe = old["ffn"], new["ffn"]
-        if not keys or old["kind"] != "decoder_lm" or _kind(moe) != "moe" or _kind(dense) in (None, "moe"):
+        if not keys or old["kind"] != "decoder_lm" or kind_of(moe) != "moe" or kind_of(dense) in (None, "moe"):
             return []
         expert = moe["expert"] if isinstance(moe["expert"], dict) else {"kind": moe["expert"]}
-        same = {**dense, "kind": _kind(dense)} == {**dense, **expert}
+        same = {**dense, "kind": kind_of(dense)} == {**dense, **expert}
         if not same:
             return []
         router = moe["router"] if isinstance(moe["router"], dict) else {"kind": moe["router"]}
