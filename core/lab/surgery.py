@@ -164,7 +164,7 @@ def latent_attention(model, ranks: list[int], score: Callable, log: Callable[[st
         errors = report.rules["mla"]["errors"]
         run = {"rank": rank, "cache": rank + rope, "perplexity": score(latent.eval()),
                "kv_error": errors["relative K/V weight error (SVD)"],
-               "rope_error": errors.get("relative rotary key error (heads mixed)", 0.0)}
+               "rope_error": errors.get("relative rotary key error (heads pooled)", 0.0)}
         out["runs"].append(run)
         log(f"GQA → MLA rank {rank}: perplexity {run['perplexity']:.3f}, K/V error {run['kv_error']:.3f}, "
             f"rotary key error {run['rope_error']:.3f}, cache {run['cache']} numbers per token and layer "

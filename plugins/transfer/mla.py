@@ -11,15 +11,8 @@ Three steps, each chosen so that it is exact where it can be and measured where 
    ω'_j = ω_j and the kept pairs turn exactly as they did (linear, YaRN and LLaMA-3 scaling depend
    on the frequencies alone and carry over too). The dims that stop rotating change the function;
    that is MHA2MLA's partial-RoPE step, which the logit difference measures.
-2. **One shared rotary key.** MLA's k_pe is shared by all heads, where GQA has K rotary keys.
-   Every head turns a frequency's pair of dims by the same angle, so mixing the K heads' pairs of
-   one frequency with the same weights commutes with the rotation (the observation behind
-   TransMLA's RoRoPE, which mixes by a PCA of activations; this rule has only the weights). For
-   each kept frequency the rule takes u, the top eigenvector of the K × K Gram matrix of the
-   heads' (2 × C) rows, makes k_pe's pair Σ_g u_g k_g, and scales each query head's pair by u of
-   its K/V group: q_h·k_g ≈ (u_g q_h)·k_pe, the best rank-one fit of the K keys in the Frobenius
-   norm (the mean, u = 1/K, is one of the fits it beats). Exact for MQA (K = 1); the relative
-   error √(Σ‖k_g − u_g k_pe‖²) / √(Σ‖k_g‖²) is reported.
+2. **One shared rotary key.** MLA's k_pe is shared by all heads: with K > 1 K/V heads the rule
+   takes the mean of their rotated rows (exact for MQA, K = 1), and reports its relative error.
 3. **The latent.** The K heads' unrotated key rows and value rows, stacked (K·(d_n + D), C), are
    factorised by SVD, W = U S Vᵀ: W_DKV = V_rᵀ (the latent c = V_rᵀ x, r = kv_lora_rank) and the
    up-projection U_r S_r, each query head reading the rows of its K/V group. Keeping the r largest
@@ -124,9 +117,9 @@ class MLATransfer(TransferRule):
             p = f"{block(i)}attn."
             names = {part: f"{p}{part}.weight" for part in ("q_proj", "kv_a_proj", "kv_b_proj")}
             made.update({n: f"from {p}qkv_proj.weight: {how}" for n, how in zip(names.values(), (
-                "rows per head ordered [nope | rope], the rope pairs scaled by their group's mixing",
+                "rows per head ordered [nope | rope]",
                 f"[SVD down-projection V_rᵀ (r={rank}) | the shared rotary key"
-                + (f", {k_heads} heads mixed per frequency]" if k_heads > 1 else "]"),
+                + (f", the mean of {k_heads} heads' rows]" if k_heads > 1 else "]"),
                 "U_r S_r, each query head its K/V group's rows"))})
             weight = old_state[f"{p}qkv_proj.weight"]
             if weight.is_meta:  # a dry run: the plan only
@@ -134,12 +127,11 @@ class MLATransfer(TransferRule):
             q, k, v = (t.view(-1, d, weight.shape[1]).double() for t in weight.split([h * d, k_heads * d,
                                                                                        k_heads * d]))
             with torch.no_grad():
+                new_state[names["q_proj"]].copy_(torch.cat([q[:, nope_rows], q[:, rope_rows]], 1).flatten(0, 1))
                 k_rope = k[:, rope_rows]  # (K, d_r, C)
-                shared, mixing = _shared_rotary_key(k_rope, new_pos.get("interleaved", False))
-                self.rope_key[0] += float((k_rope - mixing[:, :, None] * shared).pow(2).sum())
+                shared = k_rope.mean(0)
+                self.rope_key[0] += float((k_rope - shared).pow(2).sum())
                 self.rope_key[1] += float(k_rope.pow(2).sum())
-                q_rope = q[:, rope_rows] * mixing.repeat_interleave(h // k_heads, 0)[:, :, None]
-                new_state[names["q_proj"]].copy_(torch.cat([q[:, nope_rows], q_rope], 1).flatten(0, 1))
                 stacked = torch.cat([k[:, nope_rows], v], 1)  # (K, d_n + D, C)
                 u, s, vh = torch.linalg.svd(stacked.flatten(0, 1), full_matrices=False)
                 self.kv[0] += float(s[rank:].pow(2).sum())
@@ -156,28 +148,8 @@ class MLATransfer(TransferRule):
     def error(self, old_state, new_state):
         out = {"relative K/V weight error (SVD)": (self.kv[0] / self.kv[1]) ** 0.5 if self.kv[1] else 0.0}
         if self.rope_key[1] and self.rope_key[0]:
-            out["relative rotary key error (heads mixed)"] = (self.rope_key[0] / self.rope_key[1]) ** 0.5
+            out["relative rotary key error (heads pooled)"] = (self.rope_key[0] / self.rope_key[1]) ** 0.5
         return out
-
-
-def _shared_rotary_key(k_rope: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """k_rope (K, d_r, C), K heads' rotary key rows in the new layout -> (k_pe rows (d_r, C), the
-    mixing u (K, d_r)) with k_g ≈ u_g · k_pe: per frequency, u is the top eigenvector of the
-    heads' Gram matrix over that pair's two rows (the same u for both, so it commutes with RoPE)."""
-    heads, kept, width = k_rope.shape
-    half = kept // 2
-    first = torch.arange(0, kept, 2) if interleaved else torch.arange(half)
-    pairs = torch.stack([first, first + 1 if interleaved else first + half], -1)  # (d_r/2, 2): a pair's dims
-    rows = k_rope[:, pairs]  # (K, d_r/2, 2, C)
-    gram = torch.einsum("gjpc,hjpc->jgh", rows, rows)  # (d_r/2, K, K)
-    u = torch.linalg.eigh(gram).eigenvectors[..., -1]  # (d_r/2, K): the largest eigenvalue's
-    u = u * torch.where(u.sum(-1, keepdim=True) < 0, -1.0, 1.0).to(u)  # a sign that keeps MQA's u = +1
-    shared = torch.einsum("jg,gjpc->jpc", u, rows)  # (d_r/2, 2, C)
-    k_pe = k_rope.new_empty(kept, width)
-    mixing = k_rope.new_empty(heads, kept)
-    k_pe[pairs.flatten()] = shared.flatten(0, 1)
-    mixing[:, pairs.flatten()] = u.T.repeat_interleave(2, 1)
-    return k_pe, mixing
 
 
 def _refuse(key: str, fix: str) -> bool:
