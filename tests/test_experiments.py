@@ -96,6 +96,28 @@ def test_mqar_batch_lists_pairs_then_asks_every_key_once_with_its_value_as_the_t
         assert all(target[i] == IGNORE for i in range(24) if not (i >= 12 and i % 2 == 0))
 
 
+def test_the_recall_curriculum_adds_one_n_per_stage_then_draws_from_all():
+    from seqzoo.lab.recall import allowed_pairs
+
+    pairs = [4, 8, 16, 32]
+    # curriculum 0.5 of 100 steps: four stages of 12.5 steps, then every N
+    stages = [allowed_pairs(pairs, step, 100, 0.5) for step in (0, 12, 13, 25, 37, 38, 99)]
+    assert stages == [[4], [4], [4, 8], [4, 8, 16], [4, 8, 16], pairs, pairs]
+    assert allowed_pairs(pairs, 0, 100, 0.0) == pairs
+
+
+def test_a_recall_run_gives_the_same_numbers_in_a_worker_process_and_in_this_one():
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from seqzoo.lab.recall import QUICK, run_one
+
+    here = run_one("mamba2", QUICK, 0, 1)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        there = pool.submit(run_one, "mamba2", QUICK, 0, 1).result()
+    assert here == there
+
+
 def test_peak_memory_counts_what_is_alive_at_once():
     from seqzoo.lab.measure import peak_memory_mb
 
