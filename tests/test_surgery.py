@@ -175,6 +175,12 @@ def test_latent_attention_edits_it_cannot_carry_are_refused_in_one_line(model, o
         edit(model, [latent(16), "model.position.base=100", override])
 
 
+def test_latent_attention_refuses_an_attention_with_biases_it_would_drop():
+    biased = seqzoo.build("tiny-llama", ["model.position.scaling=null", "model.attention.bias=true"], device="cpu")
+    with pytest.raises(InputError, match=r"^edit: model\.attention\.bias: the mla rule needs bias: false$"):
+        edit(biased, [latent(16), "model.position.base=100"])
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(model, capsys, tmp_path):
     from seqzoo.cli import main
 

@@ -27,6 +27,8 @@ rank, apart from the dims that stop rotating; a short fine-tune heals the rest.
 """
 from __future__ import annotations
 
+import json
+
 import torch
 
 import seqzoo
@@ -71,9 +73,11 @@ class MLATransfer(TransferRule):
         need(old["kind"] == "decoder_lm" and not old.get("pattern"), "model.pattern",
              "the mla rule converts a uniform decoder (edit one without a per-layer pattern)")
         for key, value in (("qk_norm", None), ("softcap", None), ("sinks", False), ("window", None),
-                           ("bias", False)):
-            need(attn.get(key) == value, f"model.attention.{key}", f"the mla rule needs {key}: {value}")
-        need(kind_of(attn["score"]) == "scaled_dot" and (attn["score"] or {}).get("scale") is None,
+                           ("bias", False), ("out_bias", False)):
+            need(attn.get(key) in (value, None), f"model.attention.{key}",
+                 f"the mla rule needs {key}: {json.dumps(value)}")
+        score = attn["score"]
+        need(kind_of(score) == "scaled_dot" and (not isinstance(score, dict) or score.get("scale") is None),
              "model.attention.score", "the mla rule needs the default scaled_dot score")
         need(mla["heads"] == heads, "model.mixer.heads", f"keep heads: {heads}")
         need(mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] == d, "model.mixer.qk_nope_head_dim",
