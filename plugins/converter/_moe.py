@@ -86,6 +86,12 @@ def sparse_layout(sparse: list[bool], dense_ffn: dict) -> dict:
                                                                            if not s}}
 
 
+def without_layout(model: dict) -> dict:
+    """A model section without its per-layer layout (layer types, pattern, overrides): the uniform
+    copy a dense family's checks run on."""
+    return {k: v for k, v in model.items() if k not in ("layer_types", "pattern", "layer_overrides")}
+
+
 class MixtureOfExpertsFamily:
     """Mixed in before a dense LLaMA-layout converter (``class MixtralConverter(
     MixtureOfExpertsFamily, MistralConverter)``): the attention, norms and RoPE are the dense
@@ -98,10 +104,11 @@ class MixtureOfExpertsFamily:
     expert_names: tuple[str, str, str] = PROJ
 
     def moe_spec(self, c: dict) -> dict:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must write moe_spec(config): the family's moe ffn spec")
 
     def moe_config(self, spec: dict, sparse: list[bool]) -> dict:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must write moe_config(spec, sparse): the spec's HF "
+                                  f"config keys")
 
     def moe_problem(self, spec: dict) -> str | None:
         return None
@@ -142,7 +149,7 @@ class MixtureOfExpertsFamily:
         plans = layer_plan(m)
         moe = next((p.ffn for p in plans if p.ffn is not None and p.ffn["kind"] == "moe"), None)
         dense = next((p.ffn for p in plans if p.ffn is not None and p.ffn["kind"] != "moe"), None)
-        view = {k: v for k, v in m.items() if k not in ("layer_types", "pattern", "layer_overrides")}
+        view = without_layout(m)
         view["ffn"] = dense or (moe or {}).get("expert") or m["ffn"]
         return {**recipe, "model": view}
 

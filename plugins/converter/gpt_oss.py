@@ -20,7 +20,7 @@ from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern
 from seqzoo.nn.layers import layer_plan
 
-from ._moe import stacked_expert_rules
+from ._moe import stacked_expert_rules, without_layout
 from .llama import LlamaConverter
 
 #: transformers' layer_types names and the recipe's.
@@ -80,7 +80,7 @@ class GptOssConverter(LlamaConverter):
     def export_view(self, recipe: dict) -> dict:
         """LLaMA's checks on a uniform copy: no windows, no sinks, the experts' width as a SwiGLU."""
         m = recipe["model"]
-        view = {k: v for k, v in m.items() if k not in ("layer_types", "pattern", "layer_overrides")}
+        view = without_layout(m)
         ffn = m["ffn"] if isinstance(m["ffn"], dict) else {}
         view["attention"] = {**m["attention"], "sinks": False, "window": None}
         view["ffn"] = {"kind": "swiglu", "hidden": (ffn.get("expert") or {}).get("hidden"), "bias": False}
