@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_gpt import ReferenceGPT  # noqa: E402
 
 import seqzoo  # noqa: E402
-from seqzoo.lab.measure import decode_ms_per_token, parameters, peak_memory_mb, with_parameter_count  # noqa: E402
+from seqzoo.lab.measure import decode_ms_per_token, match_parameters, parameters, peak_memory_mb  # noqa: E402
 
 
 @dataclass
@@ -361,13 +361,10 @@ def hf_mamba(m: MambaShapes, **kw):
 def attention_twin(m: MambaShapes, params: int) -> torch.nn.Module:
     """A LLaMA-shaped seqzoo model (RoPE, GQA 4/2, SwiGLU, the head tied as Mamba's is) with the
     Mamba model's parameter count within a few percent: the SwiGLU width is solved for it."""
-    def build(hidden: int, device: str = "cpu") -> torch.nn.Module:
-        return seqzoo.build("tiny-llama", [f"model.vocab_size={m.vocab}", f"model.dim={m.dim}",
-                                           f"model.layers={m.layers}", "model.attention.heads=4",
-                                           "model.attention.kv_heads=2", f"model.ffn.hidden={hidden}",
-                                           f"model.max_seq_len={max(m.prefill, m.seq)}",
-                                           "model.tie_embeddings=true", "model.position.scaling=null"], device=device)
-    return with_parameter_count(build, params)
+    overrides = [f"model.vocab_size={m.vocab}", f"model.dim={m.dim}", f"model.layers={m.layers}",
+                 "model.attention.heads=4", "model.attention.kv_heads=2", f"model.max_seq_len={max(m.prefill, m.seq)}",
+                 "model.tie_embeddings=true", "model.position.scaling=null"]
+    return seqzoo.build("tiny-llama", [*overrides, *match_parameters("tiny-llama", overrides, params)])
 
 
 def bench_mamba(table: Table, quick: bool) -> None:

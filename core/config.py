@@ -18,12 +18,14 @@ class RuntimeConfig:
     """Where and how a built model runs.
 
     device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``meta``.
-    dtype: parameter dtype. compile: wrap the model in ``torch.compile``.
+    dtype: parameter dtype. compile: wrap the model in ``torch.compile``. threads: CPU threads for
+    torch's kernels (null = torch's default, one per core; ``seqzoo train --threads`` overrides).
     """
 
     device: str = "auto"
     dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
     compile: bool = False
+    threads: PositiveInt | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,11 @@ class TrainConfig:
     the global gradient norm to this (1.0; null = off). eval_every: evaluate every N steps (0 =
     at the end only). eval_examples: held-out examples per evaluation (256). log_every: a history
     entry every N steps (10). save_every: write the checkpoint every N steps (0 = at the end).
+    tokens: a token budget instead of ``steps`` (null): the run takes the steps that read this many
+    tokens (token tasks only). accumulate: micro-batches per optimizer step (1; gradient
+    accumulation, each of ``batch_size`` rows). keep: how many of the last saves to keep as
+    ``NAME.stepN.safetensors`` beside the checkpoint (1 = just the checkpoint). peak_flops: the
+    device's peak FLOP/s for MFU (null = measured with large matrix products at start).
     seed: data, initialisation and dropout seed (0). precision: auto (bfloat16 autocast on CUDA,
     float32 on the CPU) | float32 | bfloat16. parallel: ddp | fsdp under torchrun (ddp).
     init: a seqzoo checkpoint whose weights and tokenizer the run starts from (fine-tuning; the
@@ -66,7 +73,9 @@ class TrainConfig:
 
     task: Spec["task"] = "copy"
     steps: PositiveInt = 1000
+    tokens: PositiveInt | None = None
     batch_size: PositiveInt = 32
+    accumulate: PositiveInt = 1
     lr: PositiveFloat = 3e-4
     warmup: NonNegativeInt = 100
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
@@ -79,6 +88,7 @@ class TrainConfig:
     eval_examples: PositiveInt = 256
     log_every: PositiveInt = 10
     save_every: NonNegativeInt = 0
+    keep: PositiveInt = 1
     seed: NonNegativeInt = 0
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -86,3 +96,4 @@ class TrainConfig:
     freeze: tuple[str, ...] = ()
     trainable: tuple[str, ...] = ()
     lora: LoraConfig | None = None
+    peak_flops: PositiveFloat | None = None

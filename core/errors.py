@@ -67,3 +67,7 @@ class ConfigError(SeqzooError, ValueError):
 
 class InputError(SeqzooError, ValueError):
     """Inputs a model cannot take (a sequence longer than its position table, a full cache)."""
+
+
+class TrainingError(SeqzooError):
+    """Training cannot go on: a non-finite loss, or a model, tokenizer or data the task cannot use."""

@@ -277,6 +277,10 @@ class Mixer(nn.Module):
     #: the W − 1 keys before it; in a bidirectional stack, W − 1 on each side), or None; mixers
     #: that do not attend leave it None.
     window: int | None = None
+    #: Whether the mixer honours ``context.mask`` (a boolean (B|1, 1, T, S) mask of the keys each
+    #: query may read), as attention does. A recurrence reads ``context.padding`` only, so it
+    #: cannot keep packed documents apart: document masking refuses a stack with such a layer.
+    reads_mask: bool = False
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -523,6 +527,20 @@ class Tokenizer:
         masks: pad, bos, eos and mask here; tokenizers with more special tokens add theirs."""
         return {i for i in (self.pad_id, self.bos_id, self.eos_id, self.mask_id) if i is not None}
 
+    def identity(self) -> str:
+        """What makes two tokenizers encode every text alike, as a short string: token shards
+        record it and training refuses shards whose identity is not the model's tokenizer's.
+        Default: the class's qualified name, right for a tokenizer with no vocabulary file;
+        tokenizers built from a file return a hash of its contents."""
+        return f"{type(self).__module__}.{type(self).__qualname__}"
+
+    def encode_documents(self, texts: list[str]) -> list:
+        """The ids of whole documents of a corpus (``seqzoo data prepare``), each a sequence of
+        ints or an integer numpy array: no special tokens added (prepare puts the end token
+        between documents itself). Default: ``encode`` each; tokenizers with a batched or
+        zero-copy path override it."""
+        return [self.encode(text) for text in texts]
+
 
 class Task:
     """Training data (kind ``task``): a generator of (prompt, answer) text pairs.
@@ -539,6 +557,51 @@ class Task:
 
     def example(self, rng, split: str = "train") -> tuple[str, str]:
         raise NotImplementedError(f"{type(self).__name__} must implement example(rng, split)")
+
+
+IGNORE = -100  # the label of a position that carries no loss (PyTorch's cross-entropy ignore_index)
+
+
+class TokenTask(Task):
+    """Training data given as token ids rather than text pairs (kind ``task``): windows of a
+    prepared corpus (``tokens``), synthetic token sequences (``mqar``).
+
+    The trainer asks for rows by their index in the run's stream — row ``i`` is the ``i``-th row
+    the run trains on, over all ranks and micro-batches — so the stream's position is one integer,
+    which checkpoints keep, and two ranks never read the same row. Scored by held-out loss and
+    perplexity, per group of held-out rows; with ``token_accuracy`` also by the argmax accuracy at
+    the labelled positions.
+    """
+
+    exact_match = False
+    #: Whether evaluation also scores the argmax prediction at every labelled position.
+    token_accuracy: bool = False
+    #: Input tokens per row (T): every row of ``batch`` and ``held_out`` has this length.
+    seq_len: int = 0
+
+    def bind(self, tokenizer: Tokenizer, vocab_size: int, seed: int) -> None:
+        """Called once before training with the model's tokenizer and vocabulary size: refuse data
+        they cannot read; ``seed`` (``train.seed``) fixes the stream."""
+
+    def batch(self, start: int, size: int) -> dict[str, Tensor]:
+        """Rows ``start .. start + size − 1`` of the training stream: ``ids`` (B, T) and ``labels``
+        (B, T) int64, the label of position t being the token after it (IGNORE: no loss); and,
+        when the task packs documents with masking on, ``documents`` (B, T) (equal ids share a
+        document within a row) and ``positions`` (B, T) when positions restart per document."""
+        raise NotImplementedError(f"{type(self).__name__} must implement batch(start, size)")
+
+    def held_out(self, rows: int, batch_size: int):
+        """The fixed held-out data, about ``rows`` rows in all, as (group name, batch) pairs; the
+        same every call. Each group is scored on its own (MQAR: one group per number of pairs)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement held_out(rows, batch_size)")
+
+    def identity(self) -> str:
+        """What identifies the data beyond the recipe (a prepared folder's fingerprint), recorded in
+        checkpoints so a run is not resumed on other data; "" when the recipe says it all."""
+        return ""
+
+    def example(self, rng, split: str = "train") -> tuple[str, str]:
+        raise NotImplementedError(f"{type(self).__name__} gives token batches (batch), not text pairs")
 
 
 # -- the model contract ------------------------------------------------------------------------------
@@ -581,6 +644,9 @@ class LanguageModel(nn.Module):
     fused_loss: bool = False
     #: Whether ``start_generation`` takes ``static``/``compile`` (a static KV cache, compiled steps).
     supports_compile: bool = False
+    #: Whether ``forward`` takes ``documents=`` (B, T): ids of the packed documents each token
+    #: belongs to, so no token attends across a document boundary (token-shard training).
+    supports_documents: bool = False
 
     @property
     def max_positions(self) -> int | None:

@@ -77,47 +77,7 @@ def test_gradient_by_distance_follows_the_chain_rule_for_a_tanh_rnn():
     torch.testing.assert_close(norms, torch.stack(expected), rtol=1e-5, atol=1e-7)
 
 
-# -- linear-time and recall: their measurements and their data ------------------------------------
-def test_mqar_batch_lists_pairs_then_asks_every_key_once_with_its_value_as_the_target():
-    from seqzoo.lab.recall import FIRST, IGNORE, mqar_batch
-
-    ids, targets = mqar_batch(5, 6, 10, torch.Generator().manual_seed(3))
-    assert ids.shape == targets.shape == (5, 24)
-    for row, target in zip(ids.tolist(), targets.tolist()):
-        keys, values = row[0:12:2], row[1:12:2]
-        assert len(set(keys)) == 6 and all(FIRST <= k < FIRST + 10 for k in keys)
-        assert all(FIRST + 10 <= v < FIRST + 20 for v in values)
-        pairs = dict(zip(keys, values))
-        asked, answers = row[12::2], row[13::2]
-        assert sorted(asked) == sorted(keys)  # every key asked once, in some order
-        assert answers == [pairs[k] for k in asked]
-        # a target at each queried key (its value, the next token), none anywhere else
-        assert [t for t in target if t != IGNORE] == answers
-        assert all(target[i] == IGNORE for i in range(24) if not (i >= 12 and i % 2 == 0))
-
-
-def test_the_recall_curriculum_adds_one_n_per_stage_then_draws_from_all():
-    from seqzoo.lab.recall import allowed_pairs
-
-    pairs = [4, 8, 16, 32]
-    # curriculum 0.5 of 100 steps: four stages of 12.5 steps, then every N
-    stages = [allowed_pairs(pairs, step, 100, 0.5) for step in (0, 12, 13, 25, 37, 38, 99)]
-    assert stages == [[4], [4], [4, 8], [4, 8, 16], [4, 8, 16], pairs, pairs]
-    assert allowed_pairs(pairs, 0, 100, 0.0) == pairs
-
-
-def test_a_recall_run_gives_the_same_numbers_in_a_worker_process_and_in_this_one():
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from seqzoo.lab.recall import QUICK, run_one
-
-    here = run_one("mamba2", QUICK, 0, 1)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        there = pool.submit(run_one, "mamba2", QUICK, 0, 1).result()
-    assert here == there
-
-
+# -- linear-time and recall: their measurements ------------------------------------------------------
 def test_peak_memory_counts_what_is_alive_at_once():
     from seqzoo.lab.measure import peak_memory_mb
 
@@ -132,18 +92,21 @@ def test_peak_memory_counts_what_is_alive_at_once():
 
 
 def test_loglog_slope_and_a_solved_parameter_count():
-    from seqzoo.lab.measure import loglog_slope, parameters, with_parameter_count
+    from seqzoo.lab.measure import loglog_slope, match_parameters, parameters
 
     xs = [256, 512, 1024, 4096]
     assert loglog_slope(xs, [3 * x ** 2 for x in xs]) == pytest.approx(2.0)
     assert loglog_slope(xs, [7 * x + 0 for x in xs]) == pytest.approx(1.0)
 
-    def build(hidden, device="cpu"):
-        return seqzoo.build("tiny-mamba", [f"model.ffn={{kind: swiglu, hidden: {hidden}}}"], device=device)
-
+    swiglu = ["model.ffn={kind: swiglu, hidden: 100}"]
     # each unit of SwiGLU width is 3·C = 192 parameters in each of 4 layers: 768
-    exact = parameters(build(100, device="meta"))
-    assert with_parameter_count(build, exact).decoder.blocks[0].ffn.hidden == 100
-    assert with_parameter_count(build, exact + 300).decoder.blocks[0].ffn.hidden == 100  # nearer 100 than 101
-    assert with_parameter_count(build, exact + 500).decoder.blocks[0].ffn.hidden == 101
-    assert with_parameter_count(build, 1000).decoder.blocks[0].ffn.hidden == 8  # below the least width
+    exact = parameters(seqzoo.build("tiny-mamba", swiglu, device="meta"))
+    assert match_parameters("tiny-mamba", swiglu, exact) == ["model.ffn.hidden=100"]
+    assert match_parameters("tiny-mamba", swiglu, exact + 300) == ["model.ffn.hidden=100"]  # nearer 100 than 101
+    assert match_parameters("tiny-mamba", swiglu, exact + 500) == ["model.ffn.hidden=101"]
+    assert match_parameters("tiny-mamba", swiglu, 1000) == ["model.ffn.hidden=8"]  # below the least width
+    moe = ["model.ffn={kind: moe, experts: 4, top_k: 2, expert: {kind: swiglu, hidden: 32}}"]
+    assert match_parameters("tiny-mamba", moe, parameters(seqzoo.build("tiny-mamba", moe, device="meta"))) == [
+        "model.ffn.expert.hidden=32"]  # a mixture's experts are what is solved
+    with pytest.raises(seqzoo.InputError, match="tiny-mamba has no FFN width to solve"):
+        match_parameters("tiny-mamba", [], exact)

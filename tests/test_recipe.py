@@ -35,7 +35,7 @@ def test_resolve_fills_defaults(tmp_path):
     assert data["model"]["position"] == {"kind": "learned"}
     assert data["model"]["norm"] == {"kind": "layernorm", "eps": 1e-5, "bias": True}
     assert data["model"]["attention"]["kv_heads"] is None
-    assert data["runtime"] == {"device": "auto", "dtype": "float32", "compile": False}
+    assert data["runtime"] == {"device": "auto", "dtype": "float32", "compile": False, "threads": None}
     assert data["tokenizer"] == {"kind": "bytes"}
 
 

@@ -189,10 +189,10 @@ def test_a_failed_save_at_the_end_rescues_the_finished_run(tmp_path, monkeypatch
     target.parent.mkdir()
     real_save = training_module._save
 
-    def save_after_the_folder_vanished(output, *args):
+    def save_after_the_folder_vanished(output, *args, **kwargs):
         if output == str(target):
             target.parent.rmdir()  # e.g. a cleaned scratch folder: the save itself fails
-        return real_save(output, *args)
+        return real_save(output, *args, **kwargs)
 
     monkeypatch.setattr(training_module, "_save", save_after_the_folder_vanished)
     with pytest.raises(TrainingError, match=r"could not save .*m\.safetensors .*; the finished run \(step 3\) is "

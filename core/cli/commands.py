@@ -26,8 +26,9 @@ EXIT_BAD_INPUT = 2
 EXIT_CHECK_FAILED = 1
 
 # Modules that add commands through ``register_cli(add) -> {name: handler}``.
-EXTENSIONS = ("seqzoo.cli.train", "seqzoo.cli.plots", "seqzoo.io.hf", "seqzoo.io.gguf", "seqzoo.cli.catalog",
-              "seqzoo.cli.fill_mask", "seqzoo.cli.evaluate", "seqzoo.cli.edit")
+EXTENSIONS = ("seqzoo.cli.train", "seqzoo.cli.data", "seqzoo.cli.compare", "seqzoo.cli.checkpoints", "seqzoo.cli.plots",
+              "seqzoo.io.hf", "seqzoo.io.gguf", "seqzoo.cli.catalog", "seqzoo.cli.fill_mask", "seqzoo.cli.evaluate",
+              "seqzoo.cli.edit")
 
 PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "
                "separated by os.pathsep)")
@@ -218,8 +219,13 @@ def _cmd_generate(args) -> int:
             raise InputError(f"--ids: expected comma-separated integers, got {args.ids!r}") from None
     else:
         prompt = tok.encode(args.prompt)
+        if not prompt:  # an empty prompt starts from the start token, as training prompts do
+            start = tok.bos_id if tok.bos_id is not None else tok.eos_id
+            if start is None:
+                raise InputError("the prompt is empty and the tokenizer has no start (bos) token; give some text")
+            prompt = [start]
     if not prompt:
-        raise InputError("the prompt is empty; give at least one token")
+        raise InputError("--ids is empty; give at least one token id")
     vocab = model.recipe["model"].get("vocab_size")
     bad = [i for i in prompt if i < 0 or (vocab is not None and i >= vocab)]
     if bad:

@@ -17,7 +17,8 @@ from ..recipe import resolve
 from ..registry import tokenizer
 from ..schema import dotted
 from ..schema import instantiate as instantiate_section
-from ..train.training import Distributed, TrainConfig, check_resumable, train
+from ..train.token_batches import data_override
+from ..train.training import Distributed, TrainConfig, check_resumable, held_out_summary, train
 
 
 def register_cli(add) -> dict:
@@ -34,8 +35,24 @@ def register_cli(add) -> dict:
     start.add_argument("--init", metavar="CKPT",
                        help="start from this checkpoint's weights and tokenizer (fine-tuning; also train.init)")
     p.add_argument("--until", type=int, metavar="STEP", help="stop after this step (resume later)")
+    p.add_argument("--data", metavar="DIR",
+                   help="train on token shards from `seqzoo data prepare` (the task tokens with path DIR)")
+    p.add_argument("--log-dir", metavar="DIR",
+                   help="write metrics.jsonl (and TensorBoard event files, when installed) here")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads (also runtime.threads; default: all cores)")
+    p.add_argument("--weights-only", action="store_true",
+                   help="save the final checkpoint without optimizer state: a third of the size, for sharing, "
+                        "not resumable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return {"train": _cmd_train}
+
+
+def apply_threads(threads: int | None) -> None:
+    """``--threads`` / ``runtime.threads``: torch's CPU threads (unset: torch's default)."""
+    if threads is not None:
+        if threads < 1:
+            raise InputError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
 
 
 #: The recipe sections a resumed run must share with its checkpoint (the train: settings may change).
@@ -95,9 +112,14 @@ def _cmd_train(args) -> int:
                          "--resume/--init CKPT to use a checkpoint's own recipe")
     source = args.recipe if args.recipe is not None else read_recipe(checkpoint)
     label = None if args.recipe is not None else checkpoint
-    resolved = resolve(source, args.overrides, label=label)
+    overrides = list(args.overrides)
+    if args.data is not None:  # before the overrides, which may set the data task's own keys (seq_len)
+        overrides.insert(0, data_override(resolve(source, label=label).data["train"], args.data))
+    resolved = resolve(source, overrides, label=label)
     if resolved.data["train"] is None:  # no train: section — the defaults, recorded in the recipe
-        resolved = resolve(source, [*args.overrides, "train={}"], label=label)
+        overrides.insert(0, "train={}")
+        resolved = resolve(source, overrides, label=label)
+    apply_threads(args.threads if args.threads is not None else resolved.data["runtime"].get("threads"))
     config = instantiate_section(resolved.data["train"], TrainConfig)  # nested sections (lora) as dataclasses
     if args.until is not None and args.until < 1:
         raise InputError(f"--until must be >= 1, got {args.until}")
@@ -123,21 +145,24 @@ def _cmd_train(args) -> int:
                     raise
                 raise resolved.error(("train", "init"), str(error)) from None
             print(f"init: weights and tokenizer from {init}", file=sys.stderr)
-    result = train(model, config, tokenizer(model), output=args.output, resume=args.resume, until=args.until,
-                   quiet=args.quiet, compile=resolved.data["runtime"]["compile"])
+    # A resumed run writes back to the checkpoint it resumed unless -o says otherwise: work is
+    # never dropped because the output was not repeated.
+    output = args.output or args.resume
+    result = train(model, config, tokenizer(model), output=output, resume=args.resume, until=args.until,
+                   quiet=args.quiet, compile=resolved.data["runtime"]["compile"], log_dir=args.log_dir,
+                   weights_only=args.weights_only)
     if not dist_info.main:
         return 0
     metrics = {"history": result.history, "eval": result.eval, "example_prompt": result.example_prompt,
-               "steps": result.steps, "seconds": round(result.seconds, 2)}
+               "steps": result.steps, "seconds": round(result.seconds, 2), "flops_per_token": result.flops_per_token}
     if args.metrics:
         write_text_atomic(Path(args.metrics), json.dumps(metrics, indent=1))
-    summary = f"step {result.steps}: held-out loss {result.eval['loss']:.4f}"
-    if "accuracy" in result.eval:
-        summary += f", exact match {result.eval['accuracy']:.3f}"
-    print(f"{summary} ({result.seconds:.1f} s)", file=sys.stderr if args.quiet else sys.stdout)
-    if args.output:
+    print(f"step {result.steps}: {held_out_summary(result.eval)} ({result.seconds:.1f} s)",
+          file=sys.stderr if args.quiet else sys.stdout)
+    if output:
+        what = "weights only" if args.weights_only else "resumable"
         command = "fill-mask" if isinstance(model, MaskedLanguageModel) else "generate"
         option = "--text" if command == "fill-mask" else "--prompt"
-        print(f"saved {args.output}; try it:\n  seqzoo {command} {shlex.quote(args.output)} "
+        print(f"saved {output} ({what}); try it:\n  seqzoo {command} {shlex.quote(output)} "
               f"{option} {shlex.quote(result.example_prompt)}")
     return 0

@@ -253,6 +253,9 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "moe": moe.moe,
     "surgery": surgery.surgery,
 }
+#: Experiments that train through ``seqzoo compare``: their runs stay in the output folder, so an
+#: interrupted one continues where it stopped.
+KEEPS_RUNS = ("recall", "moe")
 #: Experiments that draw their own picture: name -> (draw(result, fig), (width, height) in inches).
 DRAWERS: dict[str, tuple[Callable, tuple[float, float]]] = {
     "linear-time": (linear_time.draw, (10.5, 4.0)),
@@ -317,7 +320,8 @@ def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick:
         torch.set_num_threads(threads)
     began = time.perf_counter()
     try:
-        result = EXPERIMENTS[name](quick=quick, log=log)
+        # The experiments that train through `seqzoo compare` keep their runs in the folder.
+        result = EXPERIMENTS[name](quick=quick, log=log, **({"folder": folder} if name in KEEPS_RUNS else {}))
     finally:
         torch.set_num_threads(previous)
     result.seconds = round(time.perf_counter() - began, 1)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from ..io.build import build
-from .measure import decode_ms_per_token, loglog_slope, median_ms, parameters, peak_memory_mb, with_parameter_count
+from .measure import decode_ms_per_token, loglog_slope, match_parameters, median_ms, parameters, peak_memory_mb
 from .result import ExperimentResult
 
 #: Each model's overrides of the shared base (below); the FFN width is solved per model.
@@ -39,18 +39,17 @@ def models(shape: dict) -> dict[str, torch.nn.Module]:
     """The four models, each at the attention model's parameter count (its FFN width solved)."""
     longest = max(shape["lengths"] + shape["contexts"]) + 64
 
-    def maker(extra: list[str]) -> Callable[..., torch.nn.Module]:
-        def make(hidden: int, device: str = "cpu") -> torch.nn.Module:
-            torch.manual_seed(0)
-            return build("tiny-llama", [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}",
-                                        "model.attention.heads=4", "model.attention.kv_heads=4",
-                                        "model.position.scaling=null", f"model.max_seq_len={longest}",
-                                        "model.tie_embeddings=true", f"model.ffn.hidden={hidden}", *extra],
-                         device=device, dtype="float32")
-        return make
-
-    target = parameters(maker([])(shape["hidden"], device="meta"))
-    return {name: with_parameter_count(maker(extra), target) for name, extra in MIXERS.items()}
+    base = [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}", "model.attention.heads=4",
+            "model.attention.kv_heads=4", "model.position.scaling=null", f"model.max_seq_len={longest}",
+            "model.tie_embeddings=true", f"model.ffn.hidden={shape['hidden']}"]
+    target = parameters(build("tiny-llama", base, device="meta"))
+    out = {}
+    for name, extra in MIXERS.items():
+        overrides = [*base, *extra]
+        width = match_parameters("tiny-llama", overrides, target, name) if extra else []
+        torch.manual_seed(0)
+        out[name] = build("tiny-llama", [*overrides, *width], device="cpu", dtype="float32")
+    return out
 
 
 def training_step(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:

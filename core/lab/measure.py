@@ -14,6 +14,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..errors import InputError
+from ..io.build import build
+from ..recipe import resolve
+
 
 def parameters(model: nn.Module) -> int:
     """The number of parameters, each shared tensor counted once (a tied head is the embedding)."""
@@ -69,15 +73,41 @@ def decode_ms_per_token(model: nn.Module, context: int, vocab: int, steps: int =
     return statistics.median(times)
 
 
-def with_parameter_count(build: Callable[..., nn.Module], target: int, *, least: int = 8) -> nn.Module:
-    """``build(hidden, device=...)`` with the FFN width ``hidden`` ≥ ``least`` that brings its
-    parameter count nearest ``target``. The count is affine in the width (each layer's FFN adds a fixed number of
-    parameters per unit), so two builds on the meta device give the slope; the model returned is
-    then built for real."""
-    low, high = (parameters(build(width, device="meta")) for width in (least, least + 64))
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Parameters without the vocabulary and position tables (Kaplan et al., 2020): every
+    ``nn.Embedding``'s weight and an untied LM head (a matrix with a vocabulary-sized dimension
+    that is not the embedding's) are left out."""
+    tables = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Embedding)}
+    vocab = {t.shape[0] for t in tables.values()}
+    heads = {id(p) for name, p in model.named_parameters() if p.dim() == 2 and p.shape[0] in vocab
+             and name.split(".")[-2:-1] == ["lm_head"] and id(p) not in tables}
+    return sum(p.numel() for p in model.parameters() if id(p) not in tables and id(p) not in heads)
+
+
+def ffn_width_key(model: dict) -> str | None:
+    """The recipe key of a model section's FFN width: ``model.ffn.hidden``, or for a mixture of
+    experts each expert's (``model.ffn.expert.hidden``); None for a model without an FFN."""
+    ffn = model.get("ffn")
+    if not isinstance(ffn, dict):
+        return None if ffn is None else "model.ffn.hidden"
+    if ffn.get("kind") == "moe":
+        return "model.ffn.expert.hidden"
+    return "model.ffn.hidden" if "hidden" in ffn else None
+
+
+def match_parameters(recipe, overrides: list[str], target: int, name: str = "", *, least: int = 8) -> list[str]:
+    """The override of the FFN width (``ffn_width_key``) that brings a recipe's parameter count
+    nearest ``target``: the count is affine in the width, so two builds on the meta device give the
+    slope. The experiments and ``seqzoo compare --match-params`` share it."""
+    key = ffn_width_key(resolve(recipe, overrides).data["model"])
+    if key is None:
+        raise InputError(f"--match-params: {name or recipe} has no FFN width to solve (model.ffn: null); give it "
+                         f"an FFN, or compare without matching")
+    low, high = (parameters(build(recipe, [*overrides, f"{key}={width}"], device="meta"))
+                 for width in (least, least + 64))
     per_unit = (high - low) / 64
-    hidden = least if per_unit <= 0 else max(least, round(least + (target - low) / per_unit))
-    return build(hidden)
+    width = least if per_unit <= 0 else max(least, round(least + (target - low) / per_unit))
+    return [f"{key}={width}"]
 
 
 def loglog_slope(xs: list[float], ys: list[float]) -> float:

@@ -17,15 +17,13 @@ assignments times E (1 = perfectly even, E = one expert takes everything).
 from __future__ import annotations
 
 import json
-import time
+import os
+import tempfile
 from collections.abc import Callable
 
 import torch
 
-from ..io.build import build
-from ..registry import tokenizer
-from ..train.training import TrainConfig, train
-from .measure import parameters
+from .compare import Arm, compare
 from .result import ExperimentResult
 
 FULL = {"dim": 64, "layers": 2, "hidden": 256, "experts": 8, "steps": 1200, "log_every": 20,
@@ -46,10 +44,9 @@ def variants(shape: dict) -> dict[str, list[str]]:
     }
 
 
-def active_parameters(model: torch.nn.Module, shape: dict, name: str) -> int:
+def active_parameters(total: int, shape: dict, name: str) -> int:
     """Parameters one token goes through: a mixture's router and 2 of its E experts (each a SwiGLU
-    of 3·C·F/2 weights) in every layer, not the other E − 2."""
-    total = parameters(model)
+    of 3·C·F/2 weights) in every layer, not the other E − 2 (``total``: all the model's)."""
     if name == "dense":
         return total
     per_expert = 3 * shape["dim"] * (shape["hidden"] // 2)
@@ -61,20 +58,23 @@ def imbalance(load: list[list[float]]) -> float:
     return sum(max(layer) * len(layer) for layer in load) / len(load)
 
 
-def moe(quick: bool = False, log: Callable[[str], None] = print) -> ExperimentResult:
-    """Train the dense model and the three mixtures on sort; loss, accuracy and expert load."""
+def moe(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None) -> ExperimentResult:
+    """Train the dense model and the three mixtures on sort with ``seqzoo compare`` (runs kept in
+    ``folder``/moe-runs); loss, accuracy and expert load."""
     shape = QUICK if quick else FULL
-    config = TrainConfig(task=shape["task"], steps=shape["steps"], batch_size=32, lr=3e-3, warmup=shape["steps"] // 10,
-                         log_every=shape["log_every"], eval_examples=32 if quick else 256, seed=0)
-    rows, data = [], {"steps": [], "loss": {}, "imbalance": {}, "load": {}}
+    steps = shape["steps"]
+    training = [f"train.task={json.dumps(shape['task'])}", "train.batch_size=32", "train.lr=3e-3",
+                f"train.warmup={steps // 10}", f"train.log_every={shape['log_every']}",
+                f"train.eval_examples={32 if quick else 256}", f"train.eval_every={steps}"]
     base = [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}", "model.position.scaling=null"]
-    for name, overrides in variants(shape).items():
-        torch.manual_seed(0)
-        model = build("tiny-llama", base + overrides, device="cpu", dtype="float32")
-        began = time.perf_counter()
-        result = train(model, config, tokenizer(model), quiet=True)
-        seconds = time.perf_counter() - began
-        history = result.history
+    arms = [Arm(name, "tiny-llama", (*base, *overrides)) for name, overrides in variants(shape).items()]
+    threads = torch.get_num_threads()
+    results = compare(arms, os.path.join(folder or tempfile.mkdtemp(prefix="seqzoo-moe-"), "moe-runs"), steps=steps,
+                      seeds=[0], overrides=training, threads=threads, workers=max(1, (os.cpu_count() or 1) // threads),
+                      log=log)
+    rows, data = [], {"steps": [], "loss": {}, "imbalance": {}, "load": {}}
+    for run in results["runs"]:
+        name, history = run["arm"], run["curve"]
         data["steps"] = [h["step"] for h in history]
         data["loss"][name] = [h["loss"] for h in history]
         if "expert_load" in history[-1]:
@@ -82,14 +82,12 @@ def moe(quick: bool = False, log: Callable[[str], None] = print) -> ExperimentRe
             data["load"][name] = [h["expert_load"] for h in history]
         quarters = [history[max(0, len(history) * q // 4 - 1)]["loss"] for q in (1, 2, 4)]
         final = data["imbalance"].get(name, [None])[-1]
-        rows.append([name, parameters(model), active_parameters(model, shape, name), *quarters, result.eval["accuracy"],
-                     "—" if final is None else round(final, 2), round(seconds, 1)])
-        log(f"{name}: loss {' → '.join(f'{v:.3f}' for v in quarters)}, held-out exact {result.eval['accuracy']:.3f}"
-            + ("" if final is None else f", busiest expert ×{final:.2f} of even") + f" ({seconds:.0f} s)")
-    steps = shape["steps"]
+        rows.append([name, run["parameters"], active_parameters(run["parameters"], shape, name), *quarters,
+                     run["eval"]["accuracy"], "—" if final is None else round(final, 2),
+                     round(run["train_seconds"], 1)])
     columns = ["model", "params", "active params", f"loss @{steps // 4}", f"loss @{steps // 2}", f"loss @{steps}",
                "held-out exact", "busiest expert × E (end)", "train s"]
-    settings = {**shape, "train": {"lr": config.lr, "batch_size": config.batch_size, "warmup": config.warmup},
+    settings = {**shape, "train": {"lr": 3e-3, "batch_size": 32, "warmup": steps // 10},
                 "variants": variants(shape), "top_k": 2}
     return ExperimentResult("moe", f"Dense SwiGLU against mixtures of {shape['experts']} half-width experts, top-2 "
                             f"(the same active parameters), on sort: {steps} steps, seed 0", columns, rows, settings,

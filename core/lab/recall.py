@@ -20,21 +20,22 @@ one entry at a time. Without it, short runs stayed at a plateau where every mode
 included, guesses among the values not yet asked for (the answers are in the sequence) and never
 binds keys to values. Each model is scored per N on held-out sequences: the fraction of queried
 values predicted right (teacher-forced, one forward pass, argmax at each query).
+
+The task is the ``mqar`` task plugin and the runs are a ``seqzoo compare`` (one process per model
+and seed, each resumable): this module only chooses the models and the settings and reads the
+table back.
 """
 from __future__ import annotations
 
-import math
-import multiprocessing
+import json
 import os
-import random
 import statistics
+import tempfile
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from ..io.build import build
-from .measure import parameters, with_parameter_count
+from .compare import Arm, compare
 from .result import ExperimentResult
 
 #: Each model's overrides of the shared base; the FFN width is solved per model.
@@ -52,113 +53,47 @@ FULL = {"dim": 64, "layers": 4, "hidden": 172, "keys": 64, "pairs": [4, 8, 16, 3
         "batch": 64, "lr": 1e-3, "warmup": 100, "curriculum": 0.5, "eval": 256, "seeds": [0, 1]}
 QUICK = {"dim": 32, "layers": 4, "hidden": 88, "keys": 16, "pairs": [2, 4], "steps": 4, "batch": 8, "lr": 2e-3,
          "warmup": 1, "curriculum": 0.5, "eval": 8, "seeds": [0]}
-#: Token ids: keys from FIRST, values right after them (the bytes vocabulary holds both).
-FIRST = 3
-IGNORE = -100
 
 
-def mqar_batch(batch: int, pairs: int, keys: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids (B, 4N), targets (B, 4N)): N pairs of distinct keys and random values, then every key
-    again in a random order followed by its value. targets is the next token at each query key
-    (its value) and IGNORE elsewhere, so a loss or an accuracy counts the recalled values only."""
-    key_ids = torch.rand(batch, keys, generator=generator).argsort(-1)[:, :pairs] + FIRST      # (B, N)
-    values = torch.randint(keys, (batch, pairs), generator=generator) + FIRST + keys              # (B, N)
-    order = torch.rand(batch, pairs, generator=generator).argsort(-1)                            # (B, N)
-    asked, answers = key_ids.gather(1, order), values.gather(1, order)
-    ids = torch.stack([torch.stack([key_ids, values], -1), torch.stack([asked, answers], -1)], 1).flatten(1)
-    targets = torch.full_like(ids, IGNORE)
-    targets[:, 2 * pairs::2] = answers  # at each queried key, the value that follows it
-    return ids, targets
+def arms(shape: dict) -> list[Arm]:
+    """The four models, slowest first, as ``compare`` arms on the shared base (tiny-llama at the
+    shape's width and depth, 4 heads, no RoPE scaling, tied embeddings)."""
+    base = [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}", "model.attention.heads=4",
+            "model.attention.kv_heads=null", "model.position.scaling=null", "model.max_seq_len=512",
+            "model.tie_embeddings=true", f"model.ffn.hidden={shape['hidden']}"]
+    return [Arm(name, "tiny-llama", (*base, *MIXERS[name])) for name in ["attention", *SLOWEST_FIRST[:-1]]]
 
 
-def models(shape: dict, seed: int) -> dict[str, torch.nn.Module]:
-    """The four models, each at the attention model's parameter count (its FFN width solved)."""
-    def maker(extra: list[str]) -> Callable[..., torch.nn.Module]:
-        def make(hidden: int, device: str = "cpu") -> torch.nn.Module:
-            torch.manual_seed(seed)
-            return build("tiny-llama", [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}",
-                                        "model.attention.heads=4", "model.attention.kv_heads=null",
-                                        "model.position.scaling=null", "model.max_seq_len=512",
-                                        "model.tie_embeddings=true", f"model.ffn.hidden={hidden}", *extra],
-                         device=device, dtype="float32")
-        return make
-
-    target = parameters(maker([])(shape["hidden"], device="meta"))
-    return {name: with_parameter_count(maker(extra), target) for name, extra in MIXERS.items()}
+def training(shape: dict) -> list[str]:
+    """The train: section every model shares: the ``mqar`` task with its curriculum (over the first
+    ``curriculum`` of the rows), AdamW (weight decay 0.1), warm-up then cosine to 0, clip 1."""
+    rows = shape["steps"] * shape["batch"]
+    task = {"kind": "mqar", "pairs": shape["pairs"], "keys": shape["keys"],
+            "curriculum": int(shape.get("curriculum", 0.0) * rows)}
+    return [f"train.task={json.dumps(task)}", f"train.batch_size={shape['batch']}", f"train.lr={shape['lr']}",
+            f"train.warmup={shape['warmup']}", "train.weight_decay=0.1", "train.min_lr_ratio=0.0",
+            "train.grad_clip=1.0", "train.beta2=0.999", f"train.eval_examples={shape['eval']}",
+            f"train.eval_every={shape['steps']}", "train.log_every=1"]
 
 
-def allowed_pairs(pairs: list[int], step: int, steps: int, curriculum: float) -> list[int]:
-    """The N a step may draw: over the first ``curriculum`` fraction of the steps the list grows
-    one entry at a time in equal stages (N = 4, then 4 or 8, ...), then it is all of ``pairs``."""
-    if curriculum <= 0:
-        return pairs
-    return pairs[:min(len(pairs), 1 + int(len(pairs) * step / (curriculum * steps)))]
-
-
-def train_mqar(model: torch.nn.Module, shape: dict, seed: int) -> list[float]:
-    """AdamW (weight decay 0.1) with linear warm-up and cosine decay; at each step N is drawn from
-    the pairs the curriculum allows (``allowed_pairs``). Returns the loss of every step."""
-    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=shape["lr"], weight_decay=0.1)
-    steps, warmup = shape["steps"], shape["warmup"]
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, s / steps))))
-    model.train()
-    losses = []
-    for step in range(steps):
-        pairs = allowed_pairs(shape["pairs"], step, steps, shape.get("curriculum", 0.0))
-        ids, targets = mqar_batch(shape["batch"], rng.choice(pairs), shape["keys"], generator)
-        loss = model(ids, targets=targets)  # targets are already the next tokens
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-    return losses
-
-
-def accuracy(model: torch.nn.Module, pairs: int, shape: dict, seed: int) -> float:
-    """The fraction of queried values the model predicts (argmax) on held-out sequences."""
-    ids, targets = mqar_batch(shape["eval"], pairs, shape["keys"], torch.Generator().manual_seed(10_000 + seed))
-    model.eval()
-    with torch.no_grad():
-        predicted = model(ids).argmax(-1)  # (B, 4N)
-    asked = targets != IGNORE
-    return (predicted[asked] == targets[asked]).float().mean().item()
-
-
-def run_one(name: str, shape: dict, seed: int, threads: int) -> tuple[int, list[float], list[float]]:
-    """Build, train and score one model -> (parameters, the loss of every step, accuracy per N).
-    Each run is seeded on its own, so it gives the same numbers in any process."""
-    torch.set_num_threads(threads)
-    model = models(shape, seed)[name]
-    losses = train_mqar(model, shape, seed)
-    return parameters(model), losses, [accuracy(model, n, shape, seed) for n in shape["pairs"]]
-
-
-def recall(quick: bool = False, log: Callable[[str], None] = print) -> ExperimentResult:
-    """Train each mixer on MQAR per seed; accuracy against the number of pairs. The runs are
-    independent, so they go to as many worker processes as the cores hold at the current thread
-    count (slowest model first, to balance them)."""
+def recall(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None) -> ExperimentResult:
+    """Train each mixer on MQAR per seed with ``seqzoo compare`` (its runs kept in ``folder``/runs,
+    so an interrupted experiment continues); accuracy against the number of pairs."""
     shape = QUICK if quick else FULL
-    scores: dict[str, list[list[float]]] = {}  # name -> per seed, accuracy per N
-    curves: dict[str, list[list[float]]] = {}
-    counts: dict[str, int] = {}
+    folder = folder or tempfile.mkdtemp(prefix="seqzoo-recall-")
     threads = torch.get_num_threads()
-    jobs = [(name, seed) for name in SLOWEST_FIRST for seed in shape["seeds"]]
-    workers = max(1, min(len(jobs), (os.cpu_count() or 1) // threads))
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {job: pool.submit(run_one, job[0], shape, job[1], threads) for job in jobs}
-        for (name, seed), future in futures.items():
-            counts[name], losses, accuracies = future.result()
-            curves.setdefault(name, []).append(losses)
-            scores.setdefault(name, []).append(accuracies)
-            log(f"seed {seed} {name:<11} {counts[name]:,} params: accuracy "
-                + " ".join(f"N={n} {a:.3f}" for n, a in zip(shape["pairs"], accuracies)))
+    results = compare(arms(shape), os.path.join(folder, "recall-runs"), steps=shape["steps"], seeds=shape["seeds"],
+                      overrides=training(shape), match_params=True, threads=threads,
+                      workers=max(1, (os.cpu_count() or 1) // threads), log=log)
     order = list(MIXERS)
-    scores = {n: scores[n] for n in order}
-    curves = {n: curves[n] for n in order}
+    scores: dict[str, list[list[float]]] = {name: [] for name in order}
+    curves: dict[str, list[list[float]]] = {name: [] for name in order}
+    counts: dict[str, int] = {}
+    for run in sorted(results["runs"], key=lambda r: r["seed"]):
+        groups = run["eval"]["groups"] if "groups" in run["eval"] else {f"N={shape['pairs'][0]}": run["eval"]}
+        scores[run["arm"]].append([groups[f"N={n}"]["accuracy"] for n in shape["pairs"]])
+        curves[run["arm"]].append([point["loss"] for point in run["curve"]])
+        counts[run["arm"]] = run["parameters"]
     rows = [[name, counts[name], *[statistics.fmean(run[i] for run in runs) for i in range(len(shape["pairs"]))],
              " / ".join(f"{run[-1]:.2f}" for run in runs)] for name, runs in scores.items()]
     columns = ["mixer", "params", *[f"N={n}" for n in shape["pairs"]], f"N={shape['pairs'][-1]} per seed"]
@@ -166,7 +101,7 @@ def recall(quick: bool = False, log: Callable[[str], None] = print) -> Experimen
                                                                       "mamba2": 2 * shape["dim"] * 16},
                 "sequence": "N pairs, then the N keys again in random order, each followed by its value",
                 "optimizer": "AdamW, weight decay 0.1, clip 1.0, warm-up then cosine",
-                "curriculum_rule": "over the first `curriculum` fraction of the steps, N from a list that grows by one"}
+                "curriculum_rule": "over the first `curriculum` fraction of the rows, N from a list that grows by one"}
     data = {"pairs": shape["pairs"], "accuracy": {n: [statistics.fmean(c) for c in zip(*runs)]
                                                  for n, runs in scores.items()},
             "per_seed": scores, "loss": {n: [statistics.fmean(s) for s in zip(*runs)] for n, runs in curves.items()}}

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction, expand_kv, masked_softmax_attend, softcap
 from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
 from .cache import KVCache, KVSlice
@@ -73,13 +74,15 @@ def self_attention_inputs(
     key_padding: Tensor | None = None,
     window: int | None = None,
     prepared: dict | None = None,
+    documents: Tensor | None = None,
 ) -> MixerContext:
     """Positions and mask for self-attention over ``T`` new tokens after ``cache.length`` cached ones.
 
     q_pos (B|1, T); key_padding (B, S) with True/1 for real tokens over *all* S keys (cached + new).
     Causality is by slot (bottom-right aligned when there is a cache); the window counts slots too.
     ``prepared``: the scheme's prepared tables from another context of this forward (another
-    window), so they are not computed again.
+    window), so they are not computed again. ``documents`` (B, T): the packed document of each
+    token (no cache); a query reads only keys of its own document.
     """
     t = q_pos.shape[-1]
     past = cache.length if cache is not None else 0
@@ -91,7 +94,7 @@ def self_attention_inputs(
         b = max(cached.shape[0], q_pos.shape[0])
         k_pos = torch.cat([cached.expand(b, past), q_pos.expand(b, t)], dim=-1)
     padding = key_padding[:, -t:] if key_padding is not None else None
-    if key_padding is None and window is None:
+    if key_padding is None and window is None and documents is None:
         if not causal or t == 1:
             # Nothing to hide: no causality, or one new token that may see every earlier key.
             return MixerContext(position, q_pos, k_pos, None, False, cache, prepared=prepared)
@@ -109,6 +112,10 @@ def self_attention_inputs(
     mask = allowed[None, None]
     if key_padding is not None:
         mask = mask & key_padding.bool()[:, None, None, :]
+    if documents is not None:
+        if past:
+            raise InputError("document masks are for training on packed rows, not for decoding with a cache")
+        mask = mask & (documents[:, None, :, None] == documents[:, None, None, :])  # (B, 1, T, S)
     return MixerContext(position, q_pos, k_pos, mask, False, cache, padding=padding, prepared=prepared)
 
 
@@ -137,6 +144,8 @@ class MultiHeadAttention(Mixer):
     fused kernels have no softcap); ``sinks``: a learned per-head logit in every softmax
     denominator (gpt-oss).
     """
+
+    reads_mask = True
 
     def __init__(self, dim: int, *, heads: int, score: ScoreFunction, kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,

@@ -154,14 +154,22 @@ class TransformerStack(nn.Module):
 
     def forward(self, x: Tensor, *, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
-                memory: Tensor | None = None, memory_mask: Tensor | None = None) -> Tensor:
+                memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                documents: Tensor | None = None) -> Tensor:
         """Token embeddings x (B, T, C) -> hidden states (B, T, C).
 
         attention_mask (B, S): 1 for real tokens over all S = cached + T keys. positions (B|1, T)
         default to ``self.positions``. memory (B, S_m, C) and memory_mask (B, S_m) feed the
-        cross-attention of blocks that have one.
+        cross-attention of blocks that have one. documents (B, T): the packed document of each
+        token; no token attends across documents (every mixer must read the mask).
         """
         t = x.shape[1]
+        if documents is not None:
+            blind = next((block.attn for block in self.blocks if not block.attn.reads_mask), None)
+            if blind is not None:
+                raise InputError(f"document masking needs every layer to read an attention mask, but "
+                                 f"{type(blind).__name__} carries its state across packed documents; train it "
+                                 f"without document_mask")
         static = cache is not None and cache.slot is not None
         if static:
             # A static decode step (see KVCache.make_static): the caller checked room and limits
@@ -191,7 +199,8 @@ class TransformerStack(nn.Module):
                     context = static_attention_inputs(scheme, positions, cache, window=key[1], prepared=prepared)
                 else:
                     context = self_attention_inputs(scheme, positions, causal=self.causal, cache=cache,
-                                                    key_padding=attention_mask, window=key[1], prepared=prepared)
+                                                    key_padding=attention_mask, window=key[1], prepared=prepared,
+                                                    documents=documents)
                 contexts[key] = context
             state = cache.states[layer] if cache is not None else None
             x = block(x, context, state, memory, cross_mask, layer)

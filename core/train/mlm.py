@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import TrainConfig
-from ..errors import InputError
-from ..interfaces import MaskedLanguageModel, Task, Tokenizer
+from ..errors import InputError, TrainingError
+from ..interfaces import IGNORE, MaskedLanguageModel, Task, Tokenizer
 from ..io.checkpoint import unwrap
 from ..nn.fill_mask import MASK_TEXT, encode_masked, mask_token
-from .training import IGNORE, TrainingError, example_rng
+from .examples import PairObjective, example_rng
 
 #: BERT's share of tokens that carry the loss, and how the chosen ones are shown to the model.
 MASK_PROB, AS_MASK, AS_RANDOM = 0.15, 0.8, 0.1
@@ -49,7 +49,7 @@ def mask_tokens(ids: Tensor, special: Tensor, mask_id: int, vocab_size: int, gen
     return inputs, torch.where(chosen, ids, torch.full_like(ids, IGNORE))
 
 
-class MaskedExamples:
+class MaskedExamples(PairObjective):
     """Turns a task's (prompt, answer) pairs into masked-LM batches for a ``MaskedLanguageModel``:
     the text is the answer (``text`` task) or ``prompt separator answer``. Batches are
     right-padded; ``batch`` needs the step's ``random.Random`` to draw the masks."""

@@ -24,11 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
-from ..interfaces import LanguageModel
+from ..interfaces import IGNORE, LanguageModel
 from ..registry import tokenizer as tokenizer_of
 from .progress import progress as progress_bar
-
-IGNORE = -100
 
 
 @dataclass(frozen=True)

@@ -1,41 +1,44 @@
-"""Training on a task: batches, AdamW with warm-up and decay, gradient clipping, exact-match
-evaluation, a progress bar, checkpoints that resume exactly, and torchrun (DDP or FSDP2).
+"""Training on a task: batches (``seqzoo.train.examples`` for text pairs,
+``seqzoo.train.token_batches`` for token tasks), gradient accumulation, AdamW with warm-up and
+decay, gradient clipping, held-out evaluation, a progress bar, metrics files (JSON lines,
+TensorBoard), checkpoints that resume exactly, and torchrun (DDP or FSDP2).
 
-Data is a pure function of (seed, step, rank): batch ``i`` comes from a ``random.Random`` seeded
-with those, so a resumed run needs no data-loader state and N steps equal k steps then N − k.
+A run's data is a pure function of its position: text-pair tasks draw step ``i``'s examples from
+a stream seeded with (seed, step, rank); token tasks read rows by their index in the run, and the
+checkpoint keeps how many were read. So N steps equal k steps, a save, and N − k more.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-import random
+import re
+import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import TrainConfig  # the train: section's schema; still importable from here
-from ..errors import SeqzooError
-from ..interfaces import LanguageModel, MaskedLanguageModel, Task, Tokenizer, auxiliary_losses, auxiliary_statistics
-from ..io.checkpoint import check_can_save, read_extras, save, unwrap
-from ..nn.generation import generate
+from ..errors import SeqzooError, TrainingError
+from ..interfaces import IGNORE, Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
+from ..io.checkpoint import check_can_save, read_extras, save
 from ..registry import registry
+from .examples import Examples, example_rng, examples_for  # Examples, example_rng: importable from here
 from .lora import add_lora, choose_trainable, merge_lora, merged_state, save_adapter
+from .metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_mb
 from .progress import progress
+from .token_batches import TokenExamples
 
-IGNORE = -100  # label of positions that carry no loss
-
-
-class TrainingError(SeqzooError):
-    """Training cannot go on: a non-finite loss, or a model or tokenizer the task cannot use."""
+__all__ = ["IGNORE", "Examples", "TrainConfig", "TrainingError", "example_rng", "lr_factor", "train"]
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -80,157 +83,6 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     progress = min((step - config.warmup) / span, 1.0)
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if config.schedule == "cosine" else 1 - progress
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * shape
-
-
-def example_rng(seed: int, step: int | str, rank: int = 0) -> random.Random:
-    """The data stream of one step (or of the evaluation set): independent of everything else."""
-    return random.Random(f"{seed}:{step}:{rank}")
-
-
-class Examples:
-    """Turns a task's (prompt, answer) pairs into model tensors, one way per model family.
-
-    ``causal`` (decoder_lm, rnn_lm): ``prompt= answer eos``, loss on the answer and eos only — the
-    same text a user then gives ``seqzoo generate --prompt`` (an empty prompt starts with bos).
-    ``seq2seq`` (encoder_decoder, rnn_seq2seq): source ``prompt eos``; decoder input ``start
-    answer``; labels ``answer eos``. Batches are right-padded; padding carries no loss.
-    """
-
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, task: Task) -> None:
-        if not isinstance(model, LanguageModel):
-            raise TrainingError(f"{type(model).__name__} cannot be trained on tasks: it does not generate "
-                                f"(not a seqzoo.interfaces.LanguageModel)")
-        self.family = model.family
-        if tokenizer.eos_id is None:
-            raise TrainingError("the tokenizer has no eos id; tasks need one to end answers")
-        self.tokenizer, self.task = tokenizer, task
-        self.eos = tokenizer.eos_id
-        self.bos = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
-        self.pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
-        # Models whose forward takes ``targets=`` return the loss without building the logits.
-        self.fused_loss = model.fused_loss
-
-    def prompt_text(self, prompt: str) -> str:
-        """What a causal model is prompted with at evaluation (and by the user afterwards)."""
-        return prompt + self.task.separator if self.task.exact_match else prompt
-
-    def prompt_ids(self, prompt: str) -> list[int]:
-        if self.family == "seq2seq":
-            return self.tokenizer.encode(prompt) + [self.eos]
-        return self.tokenizer.encode(self.prompt_text(prompt)) or [self.bos]
-
-    def example_text(self, pair: tuple[str, str]) -> str:
-        """What to try the trained model on: the prompt of ``pair``, as the model is prompted."""
-        return self.prompt_text(pair[0]) if self.family == "causal" else pair[0]
-
-    def tokens(self, batch: dict[str, Tensor]) -> int:
-        """The tokens a batch trains on (for tokens/s): those with a label."""
-        return int((batch["labels"] != IGNORE).sum())
-
-    def batch(self, pairs: list[tuple[str, str]], device: torch.device,
-              rng: random.Random | None = None) -> dict[str, Tensor]:
-        """The model's tensors for ``pairs`` (``rng``: the step's stream; unused here)."""
-        if self.family == "seq2seq":
-            sources = [self.prompt_ids(p) for p, _ in pairs]
-            answers = [self.tokenizer.encode(a) for _, a in pairs]
-            src, src_mask = _pad(sources, self.pad)
-            tgt, _ = _pad([[0] + a for a in answers], self.pad)  # 0: replaced by the start id
-            labels, _ = _pad([a + [self.eos] for a in answers], IGNORE)
-            return {"src": src.to(device), "src_mask": src_mask.to(device),
-                    "tgt": tgt.to(device), "labels": labels.to(device)}
-        rows, labels = [], []
-        for prompt, answer in pairs:
-            head, tail = self.prompt_ids(prompt), self.tokenizer.encode(answer) + [self.eos]
-            ids = head + tail
-            rows.append(ids[:-1])
-            labels.append([IGNORE] * (len(head) - 1) + tail)
-        ids, _ = _pad(rows, self.pad)
-        labels, _ = _pad(labels, IGNORE)
-        return {"ids": ids.to(device), "labels": labels.to(device)}
-
-    def logits(self, model: nn.Module, batch: dict[str, Tensor], **kwargs) -> Tensor:
-        if self.family == "seq2seq":
-            tgt = batch["tgt"].clone()
-            tgt[:, 0] = unwrap(model).decoder_start_id
-            return model(batch["src"], tgt, src_mask=batch["src_mask"], **kwargs)
-        return model(batch["ids"], **kwargs)
-
-    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        if self.fused_loss:  # the model fuses its LM head with the loss (seqzoo.nn.losses)
-            return self.logits(model, batch, targets=batch["labels"])
-        logits = self.logits(model, batch)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)
-
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, config: TrainConfig, device: torch.device) -> dict:
-        """Held-out loss and, for exact-match tasks, the accuracy of greedy answers."""
-        rng = example_rng(config.seed, "eval")
-        pairs = [self.task.example(rng, "eval") for _ in range(config.eval_examples)]
-        was_training = model.training
-        model.eval()
-        total, count = 0.0, 0
-        for start in range(0, len(pairs), config.batch_size):
-            chunk = pairs[start:start + config.batch_size]
-            batch = self.batch(chunk, device)
-            total += self.loss(model, batch).item() * len(chunk)
-            count += len(chunk)
-        result = {"loss": total / count, "examples": count}
-        if self.task.exact_match:
-            predictions = self.answers(unwrap(model), [p for p, _ in pairs], [a for _, a in pairs], device)
-            hits = sum(pred == answer for pred, (_, answer) in zip(predictions, pairs))
-            result["accuracy"] = hits / len(pairs)
-            result["samples"] = [{"prompt": self.prompt_text(p) if self.family == "causal" else p,
-                                  "answer": a, "prediction": pred}
-                                 for (p, a), pred in list(zip(pairs, predictions))[:5]]
-        model.train(was_training)
-        return result
-
-    def answers(self, model: nn.Module, prompts: list[str], answers: list[str],
-                device: torch.device) -> list[str]:
-        """Greedy answers (decoded, up to eos) to ``prompts``; ``answers`` bound the length."""
-        budget = max(len(self.tokenizer.encode(a)) for a in answers) + 1
-        out: list[str | None] = [None] * len(prompts)
-        encoded = [self.prompt_ids(p) for p in prompts]
-        if self.family == "seq2seq":
-            groups = [list(range(i, min(i + 64, len(prompts)))) for i in range(0, len(prompts), 64)]
-        else:  # prompts of one length batch without padding, which every causal model takes
-            by_length: dict[int, list[int]] = {}
-            for i, ids in enumerate(encoded):
-                by_length.setdefault(len(ids), []).append(i)
-            groups = list(by_length.values())
-        for group in groups:
-            ids, mask = _pad([encoded[i] for i in group], self.pad)
-            ids, mask = ids.to(device), mask.to(device)
-            generated = generate(model, ids, budget, eos_id=self.eos,
-                                 attention_mask=mask if self.family == "seq2seq" else None)
-            skip = 1 if self.family == "seq2seq" else ids.shape[1]
-            for row, index in enumerate(group):
-                new = generated[row, skip:].tolist()
-                if self.eos in new:
-                    new = new[: new.index(self.eos)]
-                out[index] = self.tokenizer.decode(new)
-        return out  # type: ignore[return-value]
-
-
-def examples_for(model: nn.Module, tokenizer: Tokenizer, task: Task):
-    """How ``model`` learns from the task: the masked-LM objective (``seqzoo.train.mlm``) for a
-    bidirectional ``MaskedLanguageModel``, ``Examples`` (next tokens of the answer) otherwise."""
-    if isinstance(model, MaskedLanguageModel) and not isinstance(model, LanguageModel):
-        from .mlm import MaskedExamples  # it builds on this module
-
-        return MaskedExamples(model, tokenizer, task)
-    return Examples(model, tokenizer, task)
-
-
-def _pad(rows: list[list[int]], value: int) -> tuple[Tensor, Tensor]:
-    """Right-pad rows to one length -> (ids (B, T), mask (B, T) 1 = real)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), value, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    return ids, mask
 
 
 # -- distributed -----------------------------------------------------------------------------------
@@ -336,152 +188,318 @@ class RunResult:
     example_prompt: str
     steps: int
     seconds: float
+    flops_per_token: float | None = None
+
+
+@dataclass
+class Position:
+    """Where a run stands: optimizer steps done, stream rows read (``consumed``, what a token task
+    needs to continue), tokens trained on and seconds spent training (evaluation excluded)."""
+
+    step: int = 0
+    consumed: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+def planned_steps(config: TrainConfig, examples, world: int = 1) -> int:
+    """``config.steps``, or with a token budget (``train.tokens``) the steps that read it:
+    ⌈tokens / (batch_size · seq_len · accumulate · ranks)⌉. Refused for tasks whose rows have no
+    fixed length, and for a budget under one step."""
+    if config.tokens is None:
+        return config.steps
+    if not isinstance(examples, TokenExamples):
+        raise TrainingError(f"train.tokens needs a task of fixed-length rows (tokens, mqar); task "
+                            f"{type(examples.task).__name__} has examples of varying length: set train.steps")
+    per_step = examples.rows_per_step(config, world) * examples.task.seq_len
+    if config.tokens < per_step:
+        raise TrainingError(f"train.tokens={config.tokens:,} is less than one step ({per_step:,} tokens: batch_size "
+                            f"{config.batch_size} × seq_len {examples.task.seq_len} × accumulate {config.accumulate}"
+                            f" × {world} rank(s)); raise it or make the batch smaller")
+    return math.ceil(config.tokens / per_step)
 
 
 def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output: str | None = None,
           resume: str | None = None, until: int | None = None, quiet: bool = False,
-          compile: bool = False, on_log: Callable[[int], None] | None = None) -> RunResult:
+          compile: bool = False, on_log: Callable[[int], None] | None = None,
+          log_dir: str | None = None, weights_only: bool = False) -> RunResult:
     """Train ``model`` in place on ``config.task``; write ``output`` (rank 0) at the end, every
     ``save_every`` steps, and when interrupted (Ctrl-C). ``resume`` continues a run from its
     checkpoint; ``until`` stops after that step (a checkpoint to resume from later). ``on_log``
     is called with the step number at every history entry (an experiment's own measurement; the
-    model is back in training mode afterwards)."""
+    model is back in training mode afterwards). Metrics go to ``log_dir``/metrics.jsonl (and
+    TensorBoard event files there when tensorboard is installed), else beside ``output``.
+    ``weights_only``: the final save holds the weights alone (a third of the size; not resumable —
+    saves along the way and on Ctrl-C stay resumable)."""
     dist_info = Distributed.from_env()
     if output and dist_info.main:  # before the first step: a run must have somewhere to end up
         check_can_save(output)
     device = next(model.parameters()).device
     task = registry().create("task", config.task)
-    examples = examples_for(model, tokenizer, task)
+    examples = examples_for(model, tokenizer, task, seed=config.seed)
+    config = replace(config, steps=planned_steps(config, examples, dist_info.world))
     if config.lora is not None:
         if resume is not None:
             raise TrainingError("--resume of a LoRA run is not supported: its checkpoint holds the merged "
                                 "weights; start a new run with --init CKPT")
         add_lora(model, config.lora)
     choose_trainable(model, config)
+    cost = _step_cost(model, examples, config, device)  # before wrapping: a sharded forward is collective
     base = model
     model = _wrap(model, config, dist_info, device)
     optimizer = _optimizer(model, config)
-    start, history = 0, []
+    at, history = Position(), []
     if resume is not None:
-        start, history = _resume(resume, model, optimizer)
+        at, history = _resume(resume, model, optimizer, task)
     else:
         torch.manual_seed(config.seed + dist_info.rank)
     runner = torch.compile(model) if compile else model
     autocast = _autocast(config, device)
     last = min(config.steps, until) if until is not None else config.steps
-    bar = _progress(start, last, quiet or not dist_info.main)
-    began, tokens_seen, window_start = time.perf_counter(), 0, time.perf_counter()
+    report = _Report(config, at, cost, quiet or not dist_info.main, dist_info, device,
+                     _metrics_log(output, log_dir, at.step if resume else None, dist_info))
+    began = time.perf_counter()
     model.train()
     with _StopRequests() as stop:
         try:
-            for step in range(start, last):
-                loss, batch, signals = _one_step(step, config, task, examples, runner, model, optimizer,
-                                                 autocast, device, dist_info, output)
-                done = step + 1
-                tokens_seen += examples.tokens(batch)
-                if done % config.log_every == 0 or done == last:
+            window_start, window_tokens = time.perf_counter(), 0
+            for step in range(at.step, last):
+                loss, batches, signals = _one_step(step, at.consumed, config, examples, runner, model, optimizer,
+                                                   autocast, device, dist_info, output)
+                at.step, at.consumed = step + 1, at.consumed + len(batches) * config.batch_size * dist_info.world
+                window_tokens += sum(examples.tokens(b) for b in batches) * dist_info.world
+                evaluate = bool(config.eval_every) and at.step % config.eval_every == 0 and at.step != last
+                if at.step % config.log_every == 0 or at.step == last or evaluate:
                     elapsed = time.perf_counter() - window_start
-                    entry = {"step": done, "loss": dist_info.average(loss, device),
-                             "lr": optimizer.param_groups[0]["lr"],
-                             "tokens_per_s": tokens_seen * dist_info.world / max(elapsed, 1e-9)}
-                    if signals:  # a mixture of experts: its auxiliary losses and expert load
-                        entry["aux"] = {k: dist_info.average(v, device) for k, v in signals.items()}
-                        entry.update(auxiliary_statistics(model))
+                    at.seconds, at.tokens = at.seconds + elapsed, at.tokens + window_tokens
+                    entry = report.entry(loss, optimizer, window_tokens / max(elapsed, 1e-9), signals, model)
                     history.append(entry)
-                    tokens_seen, window_start = 0, time.perf_counter()
-                    bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}",
-                                    **{k: f"{v:.3f}" for k, v in entry.get("aux", {}).items()})
+                    if evaluate:
+                        entry["eval"] = _held_out(examples, model, config, device)
+                        report.held_out(entry)
+                    if at.step != config.steps:  # the run's last entry is written with its final evaluation
+                        report.log(entry)
                     if on_log is not None:
-                        on_log(done)
+                        on_log(at.step)
                         model.train()
-                        window_start = time.perf_counter()
-                bar.update(1)
-                if config.eval_every and done % config.eval_every == 0 and done != last and history:
-                    interim = examples.evaluate(model, config, device)
-                    history[-1]["eval"] = {k: v for k, v in interim.items() if k != "samples"}
-                    window_start = time.perf_counter()  # tokens/s measures training, not evaluation
-                if output and config.save_every and done % config.save_every == 0 and done != last:
-                    _save(output, model, base, optimizer, done, config, history, dist_info)
+                    window_start, window_tokens = time.perf_counter(), 0
+                report.bar.update(1)
+                if output and config.save_every and at.step % config.save_every == 0 and at.step != last:
+                    _save(output, model, base, optimizer, at, config, history, dist_info, task)
                 if stop.requested:
-                    where = f"; {output} holds step {done}, continue with --resume {output}" if output else ""
+                    where = f"; {output} holds step {at.step}, continue with --resume {output}" if output else ""
                     if output:
-                        _save(output, model, base, optimizer, done, config, history, dist_info)
-                    raise TrainingInterrupted(f"interrupted after step {done}{where}")
+                        _save(output, model, base, optimizer, at, config, history, dist_info, task)
+                    raise TrainingInterrupted(f"interrupted after step {at.step}{where}")
         finally:
-            bar.close()
-    finished = last
+            report.close()
     result_eval = examples.evaluate(model, config, device)
+    if history and last == config.steps:  # the run's end (not an --until pause): its curve ends here
+        history[-1]["eval"] = {k: v for k, v in result_eval.items() if k != "samples"}
+        report.log(history[-1])
     if output:
-        _save_or_rescue(output, model, base, optimizer, finished, config, history, dist_info)
+        _save_or_rescue(output, model, base, optimizer, at, config, history, dist_info, task, weights_only)
+    report.metrics.close()
     if config.lora is not None:
         if config.lora.adapter and dist_info.main:
             save_adapter(base, config.lora.adapter, config.lora)
         merge_lora(base)  # the trained model, plain again
-    example = examples.example_text(task.example(example_rng(config.seed, "eval"), "eval"))
-    return RunResult(history, result_eval, example, finished, time.perf_counter() - began)
+    return RunResult(history, result_eval, examples.example_prompt(config), last, time.perf_counter() - began,
+                     cost["flops_per_token"])
 
 
-def _one_step(step: int, config: TrainConfig, task: Task, examples: Examples, runner: nn.Module,
+def _held_out(examples, model: nn.Module, config: TrainConfig, device: torch.device) -> dict:
+    return {k: v for k, v in examples.evaluate(model, config, device).items() if k != "samples"}
+
+
+def _step_cost(model: nn.Module, examples, config: TrainConfig, device: torch.device) -> dict:
+    """FLOPs per trained token (counted on one row of the first batch, in eval mode and with the
+    random state put back, so training is exactly what it would be without it) and the peak
+    FLOP/s MFU is measured against."""
+    rng = torch.get_rng_state()
+    was_training = model.training
+    model.eval()
+    try:
+        batch = examples.micro_batches(0, 0, replace(config, accumulate=1), 0, 1, device)[0]
+        flops = flops_per_token(lambda row: examples.loss(model, row), examples.tokens, batch)
+    finally:
+        model.train(was_training)
+        torch.set_rng_state(rng)
+    dtype = next(model.parameters()).dtype
+    peak = config.peak_flops or peak_flops(device, torch.bfloat16 if _uses_bf16(config, device) else dtype)
+    return {"flops_per_token": flops, "peak_flops": peak}
+
+
+def _metrics_log(output: str | None, log_dir: str | None, resume_step: int | None,
+                 dist_info: Distributed) -> MetricsLog:
+    """The run's metrics files: ``log_dir``/metrics.jsonl (and TensorBoard there), else the JSON lines
+    beside the checkpoint (``run.safetensors`` -> ``run.metrics.jsonl``); rank 0 only."""
+    if not dist_info.main:
+        return MetricsLog(None, None, None, print)
+    if log_dir is not None:
+        jsonl = Path(log_dir) / "metrics.jsonl"
+    elif output is not None:
+        jsonl = Path(output).with_suffix(".metrics.jsonl")
+    else:
+        jsonl = None
+    return MetricsLog(jsonl, Path(log_dir) if log_dir else None, resume_step,
+                      lambda message: print(f"seqzoo: {message}", file=sys.stderr))
+
+
+class _Report:
+    """The history entries of a run and how they are shown: the progress bar (or its log lines), the
+    held-out results printed as they come, and the metrics files."""
+
+    def __init__(self, config: TrainConfig, at: Position, cost: dict, quiet: bool,
+                 dist_info: Distributed, device: torch.device, metrics: MetricsLog) -> None:
+        self.config, self.at, self.cost, self.dist_info, self.device = config, at, cost, dist_info, device
+        self.metrics = metrics
+        self.quiet = quiet
+        # Out of config.steps, also when --until stops earlier: the bar says how far the run is.
+        self.bar = progress(config.steps, unit="step", initial=at.step, show=not quiet, every=config.log_every)
+
+    def entry(self, loss: float, optimizer, tokens_per_s: float, signals: dict, model: nn.Module) -> dict:
+        at, dist_info, device = self.at, self.dist_info, self.device
+        entry = {"step": at.step, "loss": dist_info.average(loss, device), "lr": optimizer.param_groups[0]["lr"],
+                 "tokens": at.tokens, "seconds": round(at.seconds, 3), "tokens_per_s": tokens_per_s,
+                 "mfu": tokens_per_s * self.cost["flops_per_token"] / (self.cost["peak_flops"] * dist_info.world),
+                 "peak_memory_mb": round(peak_memory_mb(device), 1)}
+        if signals:  # a mixture of experts: its auxiliary losses and expert load
+            entry["aux"] = {k: dist_info.average(v, device) for k, v in signals.items()}
+            entry.update(auxiliary_statistics(model))
+        self.bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{tokens_per_s:.0f}", mfu=f"{entry['mfu']:.1%}",
+                             mem=f"{entry['peak_memory_mb']:.0f}MB",
+                             **{k: f"{v:.3f}" for k, v in entry.get("aux", {}).items()})
+        return entry
+
+    def held_out(self, entry: dict) -> None:
+        if not self.quiet:
+            self.bar.write(f"step {entry['step']}: {held_out_summary(entry['eval'])}")
+
+    def log(self, entry: dict) -> None:
+        self.metrics.log(entry)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def held_out_summary(result: dict) -> str:
+    """``held-out loss 1.2345 (perplexity 3.44), accuracy 0.812`` from an evaluation's result."""
+    text = f"held-out loss {result['loss']:.4f}"
+    if "perplexity" in result:
+        text += f" (perplexity {result['perplexity']:.2f})"
+    if "accuracy" in result:  # exact match of greedy answers (pair tasks), of argmax tokens (token tasks)
+        text += f", {'accuracy' if 'perplexity' in result else 'exact match'} {result['accuracy']:.3f}"
+    if "masked_accuracy" in result:
+        text += f", masked accuracy {result['masked_accuracy']:.3f}"
+    return text
+
+
+def _one_step(step: int, consumed: int, config: TrainConfig, examples, runner: nn.Module,
               model: nn.Module, optimizer: torch.optim.Optimizer, autocast, device: torch.device,
-              dist_info: Distributed, output: str | None) -> tuple[float, dict[str, Tensor], dict[str, float]]:
-    """One optimizer step on the batch of ``step`` -> (its loss, the batch, the auxiliary losses'
-    values). The objective is the loss plus Σ coefficient·auxiliary loss (a mixture of experts'
-    balancing and z-losses); the loss reported is the task's alone, comparable across models."""
-    rng = example_rng(config.seed, step, dist_info.rank)
-    batch = examples.batch([task.example(rng) for _ in range(config.batch_size)], device, rng)
+              dist_info: Distributed, output: str | None) -> tuple[float, list[dict[str, Tensor]], dict[str, float]]:
+    """One optimizer step over the ``config.accumulate`` micro-batches of ``step`` -> (their mean
+    loss, the micro-batches, the auxiliary losses' values). The objective is the loss plus
+    Σ coefficient·auxiliary loss (a mixture of experts' balancing and z-losses); the loss reported
+    is the task's alone, comparable across models. Gradients are synchronised across ranks on the
+    last micro-batch only."""
+    batches = examples.micro_batches(step, consumed, config, dist_info.rank, dist_info.world, device)
     for group in optimizer.param_groups:
         group["lr"] = config.lr * lr_factor(step, config)
-    with autocast:
-        loss = examples.loss(runner, batch)
-        extra, signals = auxiliary_losses(model)
-    objective = loss if extra is None else loss + extra
-    if not torch.isfinite(objective):
-        raise TrainingError(
-            f"step {step + 1}: the loss is {objective.item()}; stopped"
-            + (f", {output} keeps the last good checkpoint" if output else "")
-            + " (lower train.lr or set train.grad_clip)")
     optimizer.zero_grad(set_to_none=True)
-    objective.backward()
+    total, signals = 0.0, {}
+    for micro, batch in enumerate(batches):
+        with _gradient_sync(model, micro == len(batches) - 1), autocast:
+            loss = examples.loss(runner, batch)
+            extra, signals = auxiliary_losses(model)
+            objective = loss if extra is None else loss + extra
+            if not torch.isfinite(objective):
+                raise TrainingError(
+                    f"step {step + 1}: the loss is {objective.item()}; stopped"
+                    + (f", {output} keeps the last good checkpoint" if output else "")
+                    + " (lower train.lr or set train.grad_clip)")
+            # One micro-batch backpropagates the objective itself (bit for bit what it always did).
+            (objective if len(batches) == 1 else objective / len(batches)).backward()
+        total += loss.item()
     if config.grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
-    return loss.item(), batch, signals
+    return total / len(batches), batches, signals
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: nn.Module, sync: bool):
+    """DDP's ``no_sync`` / FSDP2's ``set_requires_gradient_sync`` for the micro-batches before the
+    last of a step; nothing for a model that is not distributed."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        with contextlib.nullcontext() if sync else model.no_sync():
+            yield
+        return
+    if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's fully_shard, external
+        model.set_requires_gradient_sync(sync)
+    yield
 
 
 def _save_or_rescue(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer,
-                    step: int, config: TrainConfig, history: list[dict], dist_info: Distributed) -> None:
+                    at: Position, config: TrainConfig, history: list[dict], dist_info: Distributed,
+                    task: Task, weights_only: bool = False) -> None:
     """``_save`` at the end of a run; when that fails (disk full, folder removed, ...) the finished
     run is written to a rescue file in the temp folder instead, and the error says where."""
     try:
-        _save(output, model, base, optimizer, step, config, history, dist_info)
+        _save(output, model, base, optimizer, at, config, history, dist_info, task, weights_only=weights_only)
     except (SeqzooError, OSError, ImportError) as error:
         rescue = Path(tempfile.gettempdir()) / f"seqzoo-rescue-{os.getpid()}-{Path(output).name}"
         try:
-            _save(str(rescue), model, base, optimizer, step, config, history, dist_info)
+            _save(str(rescue), model, base, optimizer, at, config, history, dist_info, task, keep=False)
         except (SeqzooError, OSError, ImportError):
             raise error from None
-        raise TrainingError(f"could not save {output} ({error}); the finished run (step {step}) is saved "
+        raise TrainingError(f"could not save {output} ({error}); the finished run (step {at.step}) is saved "
                             f"at {rescue} instead: copy it where you want it, or continue with "
                             f"--resume {rescue}") from None
 
 
-def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-          config: TrainConfig, history: list[dict], dist_info: Distributed) -> None:
-    """The model (as ``seqzoo.save`` writes it) plus optimizer state, step, RNG state and history,
-    so ``--resume`` continues exactly. Every rank takes part in gathering sharded state; only rank
-    0 writes."""
+def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer, at: Position,
+          config: TrainConfig, history: list[dict], dist_info: Distributed, task: Task, keep: bool = True,
+          weights_only: bool = False) -> None:
+    """The model (as ``seqzoo.save`` writes it) plus optimizer state, the run's position (step and
+    stream rows read), RNG state and history, so ``--resume`` continues exactly. Every rank takes
+    part in gathering sharded state; only rank 0 writes. With ``train.keep`` > 1 the last few
+    saves also stay as ``NAME.stepN.safetensors`` beside it. ``weights_only``: the weights and
+    recipe alone, as ``seqzoo.save`` writes them."""
     weights = _model_state(model)
     if config.lora is not None:  # the checkpoint holds the merged weights under their own names
         weights = merged_state(base, weights)
+    if weights_only:
+        if dist_info.main:
+            save(base, output, state=weights)
+        return
     tensors, settings = train_state(model, optimizer)
     if not dist_info.main:
         return
     tensors["rng.cpu"] = torch.get_rng_state()
     if torch.cuda.is_available():
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
-    meta = {"step": step, "config": asdict(config), "history": history, **settings}
+    data = {"consumed": at.consumed, "identity": task.identity() if isinstance(task, TokenTask) else ""}
+    meta = {"step": at.step, "config": asdict(config), "history": history, "data": data, **settings}
     save(base, output, state=weights, extra_tensors=tensors,
          extra_metadata={"seqzoo.train": json.dumps(meta, default=str)})
+    if keep and config.keep > 1:
+        keep_last(Path(output), at.step, config.keep)
+
+
+def keep_last(output: Path, step: int, count: int) -> None:
+    """Keep ``output`` (just written) as ``NAME.stepN.SUFFIX`` too — a hard link, no copy: each save
+    writes a new file and renames it over the old — and delete all but the newest ``count``."""
+    pattern = re.compile(re.escape(output.stem) + r"\.step(\d+)" + re.escape(output.suffix) + "$")
+    kept = output.with_name(f"{output.stem}.step{step:07d}{output.suffix}")
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(output, kept)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(output, kept)
+    saved = sorted((int(m.group(1)), f) for f in output.parent.iterdir() if (m := pattern.match(f.name)))
+    for _, old in saved[:-count]:
+        old.unlink(missing_ok=True)
 
 
 def check_resumable(path: str, metadata: dict[str, str]) -> None:
@@ -491,23 +509,33 @@ def check_resumable(path: str, metadata: dict[str, str]) -> None:
                             f"to resume; to train from its weights use --init {path} (or train.init)")
 
 
-def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
+def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task) -> tuple[Position, list[dict]]:
     metadata, tensors = read_extras(path)
     check_resumable(path, metadata)
     meta = json.loads(metadata["seqzoo.train"])
+    data = meta.get("data", {})
+    if isinstance(task, TokenTask) and data.get("identity") and data["identity"] != task.identity():
+        raise TrainingError(f"--resume {path}: the run trained on other data (fingerprint "
+                            f"{data['identity'][:16]}) than the task reads now ({task.identity()[:16]}); "
+                            f"resume on the data it started on, or start a new run with --init {path}")
     load_train_state(model, optimizer, tensors, meta)
     torch.set_rng_state(tensors["rng.cpu"])
     if "rng.cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng.cuda"])
-    return int(meta["step"]), list(meta.get("history", []))
+    history = list(meta.get("history", []))
+    step = int(meta["step"])
+    last = history[-1] if history else {}
+    config = meta.get("config", {})
+    # Checkpoints written before the position was kept read their rows at the old batch size.
+    consumed = int(data.get("consumed", step * config.get("batch_size", 0) * config.get("accumulate", 1)))
+    return Position(step, consumed, int(last.get("tokens", 0)), float(last.get("seconds", 0.0))), history
+
+
+def _uses_bf16(config: TrainConfig, device: torch.device) -> bool:
+    return config.precision == "bfloat16" or (config.precision == "auto" and device.type == "cuda")
 
 
 def _autocast(config: TrainConfig, device: torch.device):
-    use_bf16 = config.precision == "bfloat16" or (config.precision == "auto" and device.type == "cuda")
-    if use_bf16:
+    if _uses_bf16(config, device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return torch.autocast(device.type, enabled=False)
-
-
-def _progress(start: int, total: int, quiet: bool):
-    return progress(total, unit="step", initial=start, show=not quiet)

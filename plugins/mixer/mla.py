@@ -40,6 +40,7 @@ class LatentAttention(Mixer):
     k and v linear in x, as a factorisation of trained attention's K/V projections is
     (``seqzoo edit``'s ``mla`` rule)."""
 
+    reads_mask = True
     recipe_example = """
         seqzoo: 1
         extends: tiny-llama

@@ -37,6 +37,7 @@ class DecoderLM(LanguageModel):
     prompt_padding = "left"
     fused_loss = True
     supports_compile = True
+    supports_documents = True
 
     def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
                  max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] | None = "gelu",
@@ -85,7 +86,8 @@ class DecoderLM(LanguageModel):
 
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
-                logits_to_keep: int = 0, targets: Tensor | None = None) -> Tensor:
+                logits_to_keep: int = 0, targets: Tensor | None = None,
+                documents: Tensor | None = None) -> Tensor:
         """input_ids (B, T) -> logits (B, T, V) (the last ``logits_to_keep`` positions if > 0).
 
         attention_mask (B, S): 1 for real tokens over all S = cached + T keys (left padding is
@@ -93,11 +95,13 @@ class DecoderLM(LanguageModel):
         positions. cache: a ``new_cache`` to read and extend. targets (B, T): the next token of
         every position, already shifted (nanoGPT's convention; -100 = no loss) — then the result
         is the mean cross-entropy, computed with the LM head fused in (no (B, T, V) logits).
+        documents (B, T): the packed document of each token (token-shard training); attention never
+        crosses from one to another.
         """
         x = self.embed(input_ids)  # (B, T, C)
         if self.embed_scale != 1.0:  # rounded to the weights' dtype first (Gemma's exact bf16 scale)
             x = x * x.new_tensor(self.embed_scale)
-        x = self.decoder(x, attention_mask=attention_mask, positions=positions, cache=cache)
+        x = self.decoder(x, attention_mask=attention_mask, positions=positions, cache=cache, documents=documents)
         if targets is not None and self.final_softcap is None:
             return linear_cross_entropy(x, self.lm_head.weight, targets, self.lm_head.bias)
         if logits_to_keep and targets is None:

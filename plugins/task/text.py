@@ -8,6 +8,7 @@ not exact match.
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 
 import seqzoo
@@ -29,7 +30,7 @@ class TextTask(Task):
         if not files:
             raise ConfigError(f"task text: the folder path={path!r} has no .txt file")
         try:
-            text = "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+            text = "\n\n".join(_read_utf8(f) for f in files)
         except OSError as error:
             raise ConfigError(f"task text: cannot read path={path!r} ({error.strerror or error}); "
                               f"give an existing UTF-8 text file or a folder of .txt files") from None
@@ -45,6 +46,21 @@ class TextTask(Task):
         text = self.splits[split]
         start = rng.randrange(len(text) - self.window)
         return "", text[start:start + self.window]
+
+
+def _read_utf8(file: Path) -> str:
+    """The file's text; bytes that are not UTF-8 become U+FFFD, with one warning that counts them
+    and gives the first one's offset (training on replacement characters is never silent)."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        first = error.start
+    text = data.decode("utf-8", errors="surrogateescape")
+    bad = sum(1 for c in text if "\udc80" <= c <= "\udcff")
+    warnings.warn(f"task text: {file}: {bad:,} byte(s) are not UTF-8 (the first at byte offset {first:,}); each "
+                  f"was replaced by U+FFFD", stacklevel=2)
+    return data.decode("utf-8", errors="replace")
 
 
 @seqzoo.hookimpl

@@ -31,6 +31,15 @@ class BytesTokenizer(Tokenizer):
         """Bytes back to text; special ids are dropped and broken UTF-8 is replaced, not raised."""
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
+    def identity(self) -> str:
+        return "bytes"
+
+    def encode_documents(self, texts: list[str]) -> list:
+        """Each text's UTF-8 bytes as a uint8 array, without a Python int per byte."""
+        import numpy as np
+
+        return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
+
     def to_hf_files(self) -> dict[str, str]:
         """{file name: text} of this tokenizer for a Hugging Face folder: tokenizer.json and
         tokenizer_config.json. Encoding any text gives the same ids as ``encode``.

@@ -7,6 +7,7 @@ the tokenizer from it (``from_str``), so it needs no other file.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import seqzoo
@@ -88,6 +89,23 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: list[int]) -> str:
         """Ids back to text, special tokens dropped."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def identity(self) -> str:
+        """``hf:`` and the SHA-256 of the tokenizer.json text (the vocabulary, merges, pre-tokenizer
+        and special tokens; a reformatted but equal file counts as another tokenizer)."""
+        text = self.to_str()
+        if text is None:
+            raise InputError("this model has no tokenizer (it was imported without a tokenizer.json), so "
+                             "text cannot be tokenized for it; set tokenizer.path")
+        return "hf:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def encode_documents(self, texts: list[str]) -> list:
+        """Batched (Rust threads), without the post-processor's special tokens: a document's ids
+        are its text's alone."""
+        backend = self.tokenizer
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets nobody reads here.
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
 
     def _specials(self) -> dict[str, int]:
         """{text: id} of the special tokens the tokenizer.json declares ({} without one)."""

@@ -1,0 +1,57 @@
+"""``seqzoo compare RECIPE... --data DIR (--steps N | --tokens N)``: several recipes trained side by
+side on the same data and budget, tabulated (``seqzoo.lab.compare``)."""
+from __future__ import annotations
+
+import sys
+
+from ..errors import InputError
+
+
+def register_cli(add) -> dict:
+    p = add("compare", help="train several recipes on the same data and budget; a table and figures")
+    p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe paths or shipped recipe names")
+    p.add_argument("--data", metavar="DIR", help="token shards from `seqzoo data prepare` (default: each recipe's "
+                                                 "own train.task, which must be the same)")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--steps", type=int, metavar="N", help="optimizer steps per run")
+    budget.add_argument("--tokens", type=int, metavar="N", help="training tokens per run (token tasks)")
+    p.add_argument("--seeds", default="0", metavar="S[,S...]", help="seeds, comma-separated (0)")
+    p.add_argument("--match-params", action="store_true",
+                   help="solve each model's FFN width to the first recipe's parameter count")
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="runs at a time, each a process (1)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads per run (default: the cores / K)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override for every recipe (repeatable)")
+    p.add_argument("-o", "--output", default="compare", metavar="OUT",
+                   help="folder for the runs, results.json, results.md and the figures (compare)")
+    return {"compare": _cmd_compare}
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--seeds: expected comma-separated integers, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds: give distinct non-negative integers, got {text!r}")
+    return seeds
+
+
+def _cmd_compare(args) -> int:
+    from ..lab.compare import Arm, arm_names, compare  # the lab imports plotting and the trainer
+
+    for flag, value in (("--steps", args.steps), ("--tokens", args.tokens), ("--workers", args.workers),
+                        ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be >= 1, got {value}")
+    arms = [Arm(name, recipe) for name, recipe in zip(arm_names(args.recipes), args.recipes)]
+    results = compare(arms, args.output, steps=args.steps, tokens=args.tokens, seeds=parse_seeds(args.seeds),
+                      data=args.data, overrides=args.overrides, match_params=args.match_params,
+                      workers=args.workers, threads=args.threads,
+                      log=lambda message: print(message, file=sys.stderr, flush=True))
+    from ..lab.compare import markdown
+
+    print(markdown(results))
+    written = ", ".join([f"{args.output}/results.json", f"{args.output}/results.md", *results["figures"]])
+    print(f"\nwrote {written}")
+    return 0
