@@ -46,3 +46,25 @@ def fresh(monkeypatch):
         return registry_module.registry()
 
     return build
+
+
+def write_grammar_corpus(folder, documents: int = 40, seed: int = 0):
+    """Sentences from a small grammar, one document per file: learnable, and the same every time."""
+    rng = random.Random(seed)
+    words = ["the", "cat", "dog", "sat", "on", "a", "mat", "ran", "to", "park", "and", "slept"]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(documents):
+        text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + "." for _ in range(8))
+        (folder / f"doc{i:03d}.txt").write_text(text + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def grammar_shards(tmp_path_factory) -> str:
+    """A prepared folder (bytes tokenizer, 10% held out) of ``write_grammar_corpus``'s 40 documents."""
+    from seqzoo.data.prepare import TokenizerInfo, prepare
+
+    root = tmp_path_factory.mktemp("grammar")
+    prepare([str(write_grammar_corpus(root / "src"))], root / "data", TokenizerInfo(
+        seqzoo.registry().create("tokenizer", "bytes"), {"kind": "bytes"}), val=0.1, workers=0)
+    return str(root / "data")

@@ -99,3 +99,23 @@ def test_gpu_benchmark_flop_count():
     assert gpu.train_flops_per_token(123_653_376, 12, 768, 1024) == 855_166_464
     assert gpu.gpt2_shapes() == {"vocab": 50257, "dim": 768, "layers": 12, "heads": 12, "positions": 1024,
                                  "hidden": 3072}
+
+
+def test_data_benchmark_quick_runs(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "data.py"), "--quick", "--json", str(tmp_path / "d.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads((tmp_path / "d.json").read_text())
+    assert results["prepare_bytes"]["mb_per_s"] > 0 and results["prepare_bpe"]["mb"] > 0
+    assert 0 < results["batch"]["share"] < 1 and results["prepare_big"]["peak_rss_mb"] > 0
+
+
+def test_nanogpt_benchmark_quick_trains_both_alike(tmp_path, grammar_shards):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "nanogpt.py"), "--data", grammar_shards, "--quick",
+                          "--steps", "6", "--eval-every", "3", "--log-every", "2", "--eval-rows", "4",
+                          "--json", str(tmp_path / "n.json")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads((tmp_path / "n.json").read_text())
+    assert [p["step"] for p in results["points"]] == [3, 6]
+    assert results["worst_relative"] < 1e-4  # the same weights, rows and learning rates: the same losses
+    assert results["seqzoo_tokens_per_s"] > 0 and results["nanogpt_tokens_per_s"] > 0

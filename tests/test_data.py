@@ -89,7 +89,7 @@ def test_jsonl_parquet_and_a_saved_dataset_are_read_through_datasets(tmp_path):
     shards = open_shards(tmp_path / "out")
     everything = documents_of(shards.train) + documents_of(shards.val)
     assert sorted(everything) == sorted(f"record {i}".encode() for i in range(6))
-    assert [s["format"] for s in shards.manifest["sources"]] == ["json", "parquet", "arrow"]
+    assert [s[1] for s in shards.manifest["sources"]] == ["json", "parquet", "arrow"]
 
 
 def test_a_folder_is_walked_in_path_order_with_glob_and_exclude(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -15,28 +14,13 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.data.prepare import TokenizerInfo, prepare
 from seqzoo.data.shards import DataError
 from seqzoo.train.training import TrainConfig, TrainingError, train
 
 
-def write_corpus(folder, documents: int = 40, seed: int = 0):
-    """Sentences from a small grammar, one document per file: learnable, and the same every time."""
-    rng = random.Random(seed)
-    words = ["the", "cat", "dog", "sat", "on", "a", "mat", "ran", "to", "park", "and", "slept"]
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(documents):
-        text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + "." for _ in range(8))
-        (folder / f"doc{i:03d}.txt").write_text(text + "\n")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    prepare([str(write_corpus(root / "src"))], root / "data", TokenizerInfo(
-        seqzoo.registry().create("tokenizer", "bytes"), {"kind": "bytes"}), val=0.1, workers=0)
-    return str(root / "data")
+@pytest.fixture
+def shards(grammar_shards) -> str:
+    return grammar_shards
 
 
 def config(path: str, **overrides) -> TrainConfig:
@@ -263,3 +247,31 @@ def test_threads_are_set_and_checked(capsys):
         assert "--threads must be >= 1, got 0" in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)
+
+
+def test_keep_holds_the_last_saves_beside_the_checkpoint(shards, tmp_path):
+    model = fresh()
+    ckpt = tmp_path / "run.safetensors"
+    train(model, config(shards, steps=8, save_every=2, keep=2), seqzoo.tokenizer(model), output=str(ckpt),
+          quiet=True)
+    kept = sorted(p.name for p in tmp_path.glob("run.step*.safetensors"))
+    assert kept == ["run.step0000006.safetensors", "run.step0000008.safetensors"]
+    assert (tmp_path / kept[-1]).read_bytes() == ckpt.read_bytes()  # the last is the checkpoint itself
+    step = json.loads(seqzoo.io.checkpoint.read_metadata(str(tmp_path / kept[0]))["seqzoo.train"])["step"]
+    assert step == 6
+
+
+def test_the_line_bar_prints_every_n_units_and_at_the_end():
+    import io
+
+    from seqzoo.train.progress import LineBar
+
+    stream = io.StringIO()
+    bar = LineBar(10, unit="step", every=4, stream=stream)
+    for _ in range(10):
+        bar.set_postfix(loss="1.0")
+        bar.update(1)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" · ")[0] for line in lines] == ["step 4/10 (40%)", "step 8/10 (80%)", "step 10/10 (100%)"]
+    assert all("loss=1.0" in line for line in lines)

@@ -93,7 +93,9 @@ def _cmd_tokenizer(args) -> int:
                      exclude=tuple(args.exclude), min_frequency=args.min_frequency, log=_warn)
     vocab = spec.pop("vocab_size")
     print(f"wrote {spec['path']}: byte-level BPE, {vocab:,} ids, end token <|endoftext|> = {spec['eos_id']}")
-    print(f"prepare with it: seqzoo data prepare {' '.join(shlex.quote(s) for s in args.sources)} -o DIR "
-          f"--tokenizer {shlex.quote(spec['path'])}")
+    selection = [*(["--glob", args.glob] if args.glob else []),
+                 *(item for pattern in args.exclude for item in ("--exclude", pattern)), "--val", str(args.val)]
+    print(f"prepare with it: seqzoo data prepare {' '.join(shlex.quote(s) for s in args.sources)} "
+          f"{' '.join(shlex.quote(s) for s in selection)} -o DIR --tokenizer {shlex.quote(spec['path'])}")
     print(f"a recipe uses it with: tokenizer: {json.dumps(spec)}, model.vocab_size: {vocab}")
     return 0

@@ -189,8 +189,10 @@ def prepare(arguments: list[str], output: str | Path, tokenizer: TokenizerInfo, 
         "settings": settings,
         "split": "position" if total_documents == 1 else "document",
         "splits": splits,
-        "sources": [{"path": str(s.path), "name": s.name, "format": s.format, "bytes": s.size(), "sha256": h}
-                    for s, h in zip(sources, hashes)],
+        # [name, format, bytes, SHA-256] per source, relative to the arguments it was found under:
+        # compact, as a corpus may be a hundred thousand files.
+        "arguments": [str(Path(a).expanduser().resolve()) for a in arguments],
+        "sources": [[s.name, s.format, s.size(), h] for s, h in zip(sources, hashes)],
     }
     if tokenizer.file_text is not None:
         write_text_atomic(folder / "tokenizer.json", tokenizer.file_text)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,15 +30,20 @@ PIECE = 1 << 20  # characters of text per piece handed to a tokenizer
 _INVALID = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, as surrogateescape decodes them
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Source:
-    """One input: a file or a dataset folder, its ``name`` relative to the argument that found it
-    (what the fingerprint records, so moving a corpus does not change it) and its ``format``:
-    ``text``, ``json``, ``parquet`` or ``arrow`` (a ``save_to_disk`` folder)."""
+    """One input: a file or a dataset folder (``location``), its ``name`` relative to the argument
+    that found it (what the fingerprint records, so moving a corpus does not change it) and its
+    ``format``: ``text``, ``json``, ``parquet`` or ``arrow`` (a ``save_to_disk`` folder). Plain
+    strings and slots: a corpus of a hundred thousand files keeps a hundred thousand of these."""
 
-    path: Path
+    location: str
     name: str
     format: str
+
+    @property
+    def path(self) -> Path:
+        return Path(self.location)
 
     def size(self) -> int:
         if self.path.is_dir():
@@ -78,7 +84,7 @@ def find_sources(arguments: list[str], glob: str | None = None, exclude: tuple[s
         if not path.exists():
             raise DataError(f"{argument}: no such file or folder")
         if path.is_dir() and is_dataset_folder(path):
-            sources.append(Source(path, path.name, "arrow"))
+            sources.append(Source(str(path), path.name, "arrow"))
         elif path.is_dir():
             found = _folder_sources(path, glob, exclude)
             if not found:
@@ -86,7 +92,7 @@ def find_sources(arguments: list[str], glob: str | None = None, exclude: tuple[s
                 raise DataError(f"{argument}: {what} in this folder")
             sources.extend(found)
         else:
-            sources.append(Source(path, path.name, RECORD_FORMATS.get(path.suffix.lower(), "text")))
+            sources.append(Source(str(path), path.name, RECORD_FORMATS.get(path.suffix.lower(), "text")))
     return sources
 
 
@@ -103,7 +109,7 @@ def _folder_sources(folder: Path, glob: str | None, exclude: tuple[str, ...]) ->
                 continue
             path = Path(root, name)
             if is_dataset_folder(path):  # a dataset is one source; its Arrow files are not text
-                found.append(Source(path, relative, "arrow"))
+                found.append(Source(str(path), relative, "arrow"))
             else:
                 keep.append(name)
         dirs[:] = keep
@@ -111,8 +117,8 @@ def _folder_sources(folder: Path, glob: str | None, exclude: tuple[str, ...]) ->
             relative = prefix + name
             if _skipped(name, relative, exclude) or (glob is not None and not _matches(relative, glob)):
                 continue
-            found.append(Source(Path(root, name), relative, RECORD_FORMATS.get(os.path.splitext(name)[1].lower(),
-                                                                               "text")))
+            kind = RECORD_FORMATS.get(os.path.splitext(name)[1].lower(), "text")
+            found.append(Source(os.path.join(root, name), relative, sys.intern(kind)))
     return sorted(found, key=lambda source: source.name)
 
 

@@ -155,7 +155,8 @@ def _check_alike(runs: dict[str, tuple[dict, int, int]]) -> None:
             raise CompareError(f"{names[0]} and {name} have different tokenizers ({_spec(first['tokenizer'])} and "
                                f"{_spec(recipe['tokenizer'])}), so their losses do not compare; give them one "
                                f"(--set tokenizer=...)")
-        for key in ("task", "batch_size", "accumulate", "steps", "tokens"):
+        budget = ("tokens",) if first["train"].get("tokens") is not None else ("steps", "tokens")
+        for key in ("task", "batch_size", "accumulate", *budget):
             if recipe["train"].get(key) != first["train"].get(key):
                 raise CompareError(f"{names[0]} and {name} differ in train.{key} ({first['train'].get(key)!r} and "
                                    f"{recipe['train'].get(key)!r}); the runs of a comparison share the data and "

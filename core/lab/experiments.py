@@ -21,8 +21,9 @@
 
 Each writes ``NAME.md`` (a markdown table), ``NAME.json`` and ``NAME.png`` into the output folder.
 The text-task experiments train through ``seqzoo.train.training.train`` and score through
-``Examples``' greedy decoding; ``recall`` has its own token-level loop (its loss counts the
-recalled values only). Every seed is fixed; ``quick`` runs a tiny version in seconds (for tests). Runs use one CPU
+``Examples``' greedy decoding; ``recall`` (the ``mqar`` task) and ``moe`` are ``seqzoo compare``
+runs (``seqzoo.lab.compare``), kept in the output folder so an interrupted one continues. Every
+seed is fixed; ``quick`` runs a tiny version in seconds (for tests). Runs use one CPU
 thread by default: these models are so small that extra threads mostly add synchronisation, and
 on shared cores they make a run several times slower.
 """

@@ -82,7 +82,7 @@ class TokensTask(TokenTask):
     def _rows(self, split, windows) -> dict[str, Tensor]:
         """The rows of ``windows`` (B,) of ``split`` as model inputs."""
         tokens = torch.from_numpy(split.windows(windows, self.seq_len))  # (B, T + 1)
-        batch = {"ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+        batch = {"ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}
         if self.document_mask or self.restart_positions:
             documents = split.document_ids(windows, self.seq_len)  # (B, T)
             if self.document_mask:

@@ -111,3 +111,11 @@ def test_text_task_joins_a_folder_of_text_files_in_order(tmp_path):
     empty.mkdir()
     with pytest.raises(seqzoo.SeqzooError, match=r"has no \.txt file"):
         seqzoo.registry().create("task", {"kind": "text", "path": str(empty)})
+
+
+def test_text_that_is_not_utf8_warns_with_the_count_and_the_first_offset(tmp_path):
+    path = tmp_path / "latin.txt"
+    path.write_bytes(b"abc \xe9t\xe9 " + b"plain text " * 20)
+    with pytest.warns(UserWarning, match=r"latin.txt: 2 byte\(s\) are not UTF-8 \(the first at byte offset 4\)"):
+        task = make("text", path=str(path), window=16)
+    assert "\ufffd" in task.splits["train"]

@@ -1,0 +1,111 @@
+"""Task `mqar`: the rows' layout against a hand-checked example, the curriculum, held-out groups,
+the accuracy metric against known predictions, and the checks against the model's vocabulary."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import seqzoo
+from seqzoo.errors import ConfigError
+from seqzoo.interfaces import IGNORE
+from seqzoo.plugins.task.mqar import allowed_pairs, mqar_rows
+from seqzoo.train.examples import examples_for
+from seqzoo.train.training import TrainConfig
+
+BYTES = seqzoo.registry().create("tokenizer", "bytes")
+
+
+def make(**params):
+    task = seqzoo.registry().create("task", {"kind": "mqar", **params})
+    task.bind(BYTES, 259, seed=0)
+    return task
+
+
+def test_rows_list_pairs_then_ask_every_key_once_with_its_value_as_the_label():
+    ids, labels = mqar_rows(5, 6, 10, 3, torch.Generator().manual_seed(3))
+    assert ids.shape == labels.shape == (5, 24)
+    for row, label in zip(ids.tolist(), labels.tolist()):
+        keys, values = row[0:12:2], row[1:12:2]
+        assert len(set(keys)) == 6 and all(3 <= k < 13 for k in keys)
+        assert all(13 <= v < 23 for v in values)
+        pairs = dict(zip(keys, values))
+        asked, answers = row[12::2], row[13::2]
+        assert sorted(asked) == sorted(keys)  # every key asked once, in some order
+        assert answers == [pairs[k] for k in asked]
+        # a label at each queried key (its value, the next token), none anywhere else
+        assert [t for t in label if t != IGNORE] == answers
+        assert all(label[i] == IGNORE for i in range(24) if not (i >= 12 and i % 2 == 0))
+
+
+def test_a_hand_checked_row():
+    """N = 2, keys 3..4, values 5..6: k₁ v₁ k₂ v₂ then both keys again; labels only at the asked keys."""
+    ids, labels = mqar_rows(1, 2, 2, 3, torch.Generator().manual_seed(0))
+    k1, v1, k2, v2, q1, a1, q2, a2 = ids[0].tolist()
+    assert {k1, k2} == {3, 4} and {q1, q2} == {3, 4} and 5 <= v1 <= 6 and 5 <= v2 <= 6
+    assert a1 == (v1 if q1 == k1 else v2) and a2 == (v1 if q2 == k1 else v2)
+    assert labels[0].tolist() == [IGNORE] * 4 + [a1, IGNORE, a2, IGNORE]
+
+
+def test_the_curriculum_adds_one_n_per_stage_then_draws_from_all():
+    pairs = [4, 8, 16, 32]
+    # a curriculum of 800 rows: four stages of 200 rows, then every N
+    stages = [allowed_pairs(pairs, row, 800) for row in (0, 199, 200, 400, 599, 600, 5000)]
+    assert stages == [[4], [4], [4, 8], [4, 8, 16], [4, 8, 16], pairs, pairs]
+    assert allowed_pairs(pairs, 0, 0) == pairs
+    task = make(pairs=[2, 4], keys=8, curriculum=100)
+    assert {task.batch(start, 3)["ids"].shape[1] for start in range(0, 50, 5)} == {8}  # N = 2 only, at first
+    assert task.batch(7, 3)["ids"].equal(make(pairs=[2, 4], keys=8, curriculum=100).batch(7, 3)["ids"])
+
+
+def test_held_out_rows_come_in_one_group_per_n_and_are_the_same_every_time():
+    task = make(pairs=[2, 4], keys=8)
+    groups = list(task.held_out(5, 4))
+    assert [(name, batch["ids"].shape) for name, batch in groups] == [
+        ("N=2", (4, 8)), ("N=2", (1, 8)), ("N=4", (4, 16)), ("N=4", (1, 16))]
+    again = list(task.held_out(5, 4))
+    assert all(a[1]["ids"].equal(b[1]["ids"]) for a, b in zip(groups, again))
+
+
+class Oracle(nn.Module):
+    """A 'model' that answers every query right (or, with ``wrong``, one id off) and is unsure
+    elsewhere: its accuracy is known exactly."""
+
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.wrong = wrong
+        self.recipe = {"model": {"vocab_size": 259}}
+
+    def forward(self, ids, targets=None, **kwargs):
+        logits = torch.zeros(*ids.shape, 259)
+        b, t = ids.shape
+        n = t // 4
+        for row in range(b):
+            pairs = {ids[row, 2 * i].item(): ids[row, 2 * i + 1].item() for i in range(n)}
+            for i in range(2 * n, t, 2):
+                logits[row, i, pairs[ids[row, i].item()] + int(self.wrong)] = 10.0
+        return logits
+
+
+@pytest.mark.parametrize("wrong, expected", [(False, 1.0), (True, 0.0)])
+def test_accuracy_counts_the_recalled_values_against_known_predictions(wrong, expected):
+    from seqzoo.interfaces import LanguageModel
+
+    class Model(Oracle, LanguageModel):
+        pass
+
+    model = Model(wrong)
+    task = seqzoo.registry().create("task", {"kind": "mqar", "pairs": [2, 4], "keys": 8})
+    examples = examples_for(model, BYTES, task)
+    result = examples.evaluate(model, TrainConfig(eval_examples=6, batch_size=4), torch.device("cpu"))
+    assert result["accuracy"] == expected
+    assert result["groups"]["N=2"]["accuracy"] == result["groups"]["N=4"]["accuracy"] == expected
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match=r"pairs up to 16 need at least as many keys; keys=8"):
+        seqzoo.registry().create("task", {"kind": "mqar", "pairs": [4, 16], "keys": 8})
+    task = seqzoo.registry().create("task", {"kind": "mqar", "keys": 200})
+    with pytest.raises(ConfigError, match=r"ids 3\.\.402, beyond the model's vocab_size=259"):
+        task.bind(BYTES, 259, seed=0)

@@ -1,0 +1,134 @@
+"""`seqzoo compare`: prepare → compare end to end on a small corpus, the same rows for every model,
+matched parameter counts, resumption that retrains only what did not finish, the tables, and the
+refusals made before anything trains."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import seqzoo
+from seqzoo.cli import main
+from seqzoo.lab.compare import Arm, CompareError, arm_names, markdown, plan
+
+SMALL = ["model.dim=32", "model.layers=2", "model.attention.heads=2", "train.batch_size=4", "train.task.seq_len=32",
+         "train.eval_examples=8", "train.log_every=2"]
+
+
+@pytest.fixture
+def data(grammar_shards) -> str:
+    return grammar_shards
+
+
+def args(*extra: str) -> list[str]:
+    return [item for override in SMALL for item in ("--set", override)] + list(extra)
+
+
+def test_prepare_then_compare_writes_the_table_and_figures_and_resumes(data, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    command = ["compare", "tiny-gpt", "tiny-llama", "--data", data, "--steps", "6", "--seeds", "0,1",
+               "--workers", "2", "--threads", "1", "-o", str(out), *args()]
+    assert main(command) == 0
+    printed = capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    assert sorted((r["arm"], r["seed"]) for r in results["runs"]) == [("tiny-gpt", 0), ("tiny-gpt", 1),
+                                                                      ("tiny-llama", 0), ("tiny-llama", 1)]
+    for run in results["runs"]:
+        assert run["steps"] == 6 and run["curve"][-1]["tokens"] == 6 * 4 * 32
+        assert run["eval"]["perplexity"] > 1 and run["tokens_per_s"] > 0 and run["flops_per_token"] > 0
+        assert [e["step"] for e in run["curve"] if "eval" in e] == [1, 2, 3, 4, 5, 6]  # every tenth, at least 1
+    table = (out / "results.md").read_text()
+    assert table.startswith("| model | params | params w/o embeddings | FLOPs/token | tokens/s | peak memory (MB) | "
+                            "held-out loss | perplexity | wall time (s) |")
+    assert " ± " in table and "Budget: 6 steps" in table and "Measured on" in table
+    assert table.splitlines()[0] in printed.out
+    pytest.importorskip("matplotlib")
+    assert (out / "loss-tokens.png").exists() and (out / "loss-seconds.png").exists()
+
+    # Interrupted: one run's result is lost. The same command trains that run alone.
+    (out / "runs" / "tiny-llama" / "seed1" / "result.json").unlink()
+    stamp = (out / "runs" / "tiny-gpt" / "seed0" / "result.json").stat().st_mtime_ns
+    assert main(command) == 0
+    log = capsys.readouterr().err
+    assert "3 of 4 run(s) already finished; training the other 1" in log
+    assert "tiny-llama seed 1: training" in log and "tiny-gpt seed 0: training" not in log
+    assert (out / "runs" / "tiny-gpt" / "seed0" / "result.json").stat().st_mtime_ns == stamp
+
+
+def test_every_model_of_a_seed_reads_the_same_rows_and_seeds_differ(data, tmp_path):
+    comparison = plan([Arm("a", "tiny-gpt"), Arm("b", "tiny-llama")], tmp_path, steps=3, seeds=[0, 1], data=data,
+                      overrides=SMALL)
+    by = {(r.arm, r.seed): r for r in comparison.runs}
+    tokenizer = seqzoo.registry().create("tokenizer", "bytes")
+
+    def rows(run):
+        task = seqzoo.registry().create("task", run.recipe["train"]["task"])
+        task.bind(tokenizer, 259, run.recipe["train"]["seed"])
+        return task.batch(0, 4)["ids"]
+
+    assert rows(by[("a", 0)]).equal(rows(by[("b", 0)]))
+    assert not rows(by[("a", 0)]).equal(rows(by[("a", 1)]))
+
+
+def test_match_params_solves_each_ffn_width_to_the_first_models_count(data, tmp_path):
+    comparison = plan([Arm("gpt", "tiny-gpt"), Arm("llama", "tiny-llama"), Arm("moe", "tiny-moe")], tmp_path,
+                      steps=2, data=data, overrides=SMALL, match_params=True, log=lambda message: None)
+    counts = {r.arm: r.parameters for r in comparison.runs}
+    assert abs(counts["llama"] - counts["gpt"]) <= 2 * 32 * 3 and abs(counts["moe"] - counts["gpt"]) <= 4 * 32 * 3 * 2
+    unmatched = plan([Arm("gpt", "tiny-gpt"), Arm("llama", "tiny-llama")], tmp_path, steps=2, data=data,
+                     overrides=SMALL)
+    assert {r.arm: r.parameters for r in unmatched.runs}["llama"] != counts["llama"]
+
+
+def test_different_tokenizers_are_refused_before_anything_trains(data, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE())
+    backend.add_special_tokens(["<|endoftext|>"])
+    (tmp_path / "tok.json").write_text(backend.to_str())
+    other = Arm("other", "tiny-gpt", (f"tokenizer={{kind: hf, path: {tmp_path / 'tok.json'}, eos_id: 0}}",))
+    with pytest.raises(CompareError, match=r"gpt and other have different tokenizers \(bytes and hf\)"):
+        plan([Arm("gpt", "tiny-gpt"), other], tmp_path / "out", steps=2, data=data, overrides=SMALL)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_budget_under_one_step_is_refused(data, tmp_path, capsys):
+    assert main(["compare", "tiny-gpt", "tiny-llama", "--data", data, "--tokens", "100", "-o", str(tmp_path / "o"),
+                 *args()]) == 2
+    assert capsys.readouterr().err.strip() == ("seqzoo: error: --tokens 100 is less than one step (128 tokens: "
+                                               "batch_size 4 × seq_len 32 × accumulate 1)")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(CompareError, match="--tokens needs a task of fixed-length rows"):
+        plan([Arm("gpt", "tiny-gpt")], tmp_path, tokens=1000)
+    assert main(["compare", "tiny-gpt", "--steps", "0", "-o", str(tmp_path / "o")]) == 2
+    assert "--steps must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_models_must_share_the_task(tmp_path):
+    with pytest.raises(CompareError, match=r"a and b differ in train.task"):
+        plan([Arm("a", "tiny-gpt"), Arm("b", "tiny-gpt", ("train.task={kind: reverse}",))], tmp_path, steps=2)
+
+
+def test_a_failed_run_is_reported_and_the_others_finish(data, tmp_path, capsys):
+    # max_seq_len below the rows' 32 tokens: that model's run fails when it starts training
+    broken = Arm("short", "tiny-gpt", ("model.max_seq_len=16",))
+    comparison = plan([Arm("gpt", "tiny-gpt"), broken], tmp_path, steps=2, data=data, overrides=SMALL)
+    from seqzoo.lab.compare import execute
+
+    with pytest.raises(CompareError, match=r"1 run\(s\) failed: short seed 0; their logs say why"):
+        execute(comparison, tmp_path, threads=1, log=lambda message: None)
+    assert "seq_len=32 is longer than the model's 16 positions" in (tmp_path / "runs" / "short" / "seed0" /
+                                                                    "train.log").read_text()
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [r["arm"] for r in results["runs"]] == ["gpt"] and results["unfinished"] == ["short seed 0"]
+
+
+def test_names_and_the_table_format():
+    assert arm_names(["tiny-gpt", "a/llama.yaml", "b/llama.yaml", "llama"]) == ["tiny-gpt", "llama", "llama-2",
+                                                                                 "llama-3"]
+    results = {"settings": {"steps": 10, "tokens": None, "run_steps": 10, "seeds": [0, 1], "data": "d"},
+               "machine": {"cpu": "CPU X", "cores": 2, "torch": "2.x", "gpu": None}, "unfinished": [],
+               "runs": [{"arm": "m", "seed": s, "parameters": 1234, "non_embedding": 1000, "flops_per_token": 2e6,
+                         "tokens_per_s": 100.0 + s, "peak_memory_mb": 50.0, "wall_seconds": 10.0,
+                         "eval": {"loss": loss, "perplexity": 2.0}} for s, loss in ((0, 1.0), (1, 2.0))]}
+    row = markdown(results).splitlines()[2]
+    assert row == "| m | 1,234 | 1,000 | 2.00M | 100 | 50 | 1.5000 ± 0.7071 | 2.00 ± 0.00 | 10 |"
