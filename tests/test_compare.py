@@ -132,3 +132,22 @@ def test_names_and_the_table_format():
                          "eval": {"loss": loss, "perplexity": 2.0}} for s, loss in ((0, 1.0), (1, 2.0))]}
     row = markdown(results).splitlines()[2]
     assert row == "| m | 1,234 | 1,000 | 2.00M | 100 | 50 | 1.5000 ± 0.7071 | 2.00 ± 0.00 | 10 |"
+
+
+def test_a_finished_run_survives_a_setting_that_a_later_version_adds(data, tmp_path, capsys):
+    """A finished run's stored recipe lacks a key the planned one has at its default (as when
+    seqzoo gains a setting): it stays finished; a changed value starts it over."""
+    import yaml
+
+    out = tmp_path / "cmp"
+    command = ["compare", "tiny-gpt", "--data", data, "--steps", "2", "--threads", "1", "-o", str(out), *args()]
+    assert main(command) == 0
+    recipe_file = out / "runs" / "tiny-gpt" / "seed0" / "recipe.yaml"
+    stored = yaml.safe_load(recipe_file.read_text())
+    del stored["train"]["keep"]  # written by a seqzoo that did not have train.keep yet
+    recipe_file.write_text(yaml.safe_dump(stored))
+    capsys.readouterr()
+    assert main(command) == 0
+    assert "1 of 1 run(s) already finished" in capsys.readouterr().err
+    assert main([*command, "--set", "train.lr=5.0e-4"]) == 0
+    assert "its recipe changed since the last time; starting it over" in capsys.readouterr().err

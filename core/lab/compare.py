@@ -253,13 +253,25 @@ def _prepare_folder(run: Run, log: Callable[[str], None]) -> bool:
     run.folder.mkdir(parents=True, exist_ok=True)
     recipe_file = run.folder / "recipe.yaml"
     if recipe_file.exists():
-        previous = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
-        if previous != run.recipe:
+        if not _same_recipe(yaml.safe_load(recipe_file.read_text(encoding="utf-8")), run.recipe):
             log(f"{run.label}: its recipe changed since the last time; starting it over")
             for name in ("model.safetensors", "result.json", "metrics.jsonl", "train.json", "wall.json"):
                 (run.folder / name).unlink(missing_ok=True)
+        elif (run.folder / "result.json").exists():
+            return False  # finished, and its recipe file stays as it trained
     write_text_atomic(recipe_file, yaml.safe_dump(run.recipe, sort_keys=False))
     return not (run.folder / "result.json").exists()
+
+
+def _same_recipe(stored: dict, planned: dict) -> bool:
+    """Whether a run folder's recipe is the planned one: equal once resolved by this seqzoo, so a
+    setting that a later version adds with its default does not throw finished runs away."""
+    if stored == planned:
+        return True
+    try:
+        return resolve(stored).data == resolve(planned).data
+    except SeqzooError:
+        return False
 
 
 def _launch(run: Run, threads: int) -> subprocess.Popen:
