@@ -64,7 +64,7 @@ def test_a_killed_run_resumed_gives_the_same_loss_curve_bit_for_bit(shards, tmp_
 
 def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss and the gradients of one training step (an optimizer that does not move)."""
-    from seqzoo.train.examples import examples_for
+    from seqzoo.train.objectives import examples_for
     from seqzoo.train.training import Distributed, _one_step
 
     model = fresh()

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..config import TrainConfig
 from ..errors import TrainingError
-from ..interfaces import IGNORE, LanguageModel, MaskedLanguageModel, Task, Tokenizer, TokenTask
+from ..interfaces import IGNORE, LanguageModel, Task, Tokenizer
 from ..io.checkpoint import unwrap
 from ..nn.generation import generate
 
@@ -177,21 +177,6 @@ class Examples(PairObjective):
                     new = new[: new.index(self.eos)]
                 out[index] = self.tokenizer.decode(new)
         return out  # type: ignore[return-value]
-
-
-def examples_for(model: nn.Module, tokenizer: Tokenizer, task: Task, seed: int = 0):
-    """How ``model`` learns from the task: token batches (``TokenExamples``) for a ``TokenTask``,
-    the masked-LM objective (``seqzoo.train.mlm``) for a bidirectional ``MaskedLanguageModel``,
-    ``Examples`` (next tokens of the answer) otherwise. ``seed`` fixes a token task's stream."""
-    if isinstance(task, TokenTask):
-        from .token_batches import TokenExamples  # it builds on this module
-
-        return TokenExamples(model, tokenizer, task, seed)
-    if isinstance(model, MaskedLanguageModel) and not isinstance(model, LanguageModel):
-        from .mlm import MaskedExamples  # it builds on this module
-
-        return MaskedExamples(model, tokenizer, task)
-    return Examples(model, tokenizer, task)
 
 
 def _pad(rows: list[list[int]], value: int) -> tuple[Tensor, Tensor]:

@@ -32,9 +32,10 @@ from ..errors import SeqzooError, TrainingError
 from ..interfaces import IGNORE, Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
 from ..io.checkpoint import check_can_save, read_extras, save
 from ..registry import registry
-from .examples import Examples, example_rng, examples_for  # Examples, example_rng: importable from here
+from .examples import Examples, example_rng  # importable from here, as they always were
 from .lora import add_lora, choose_trainable, merge_lora, merged_state, save_adapter
 from .metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_mb
+from .objectives import examples_for
 from .progress import progress
 from .token_batches import TokenExamples
 

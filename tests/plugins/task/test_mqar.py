@@ -10,7 +10,7 @@ import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import IGNORE
 from seqzoo.plugins.task.mqar import allowed_pairs, mqar_rows
-from seqzoo.train.examples import examples_for
+from seqzoo.train.objectives import examples_for
 from seqzoo.train.training import TrainConfig
 
 BYTES = seqzoo.registry().create("tokenizer", "bytes")
