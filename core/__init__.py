@@ -13,13 +13,13 @@ installed third-party plugins (entry-point group ``seqzoo``), then the local one
 
 The package is layered, each layer importing only those below it (``lint-imports`` checks it):
 ``cli`` (commands) > ``lab`` (plots, experiments) > ``train`` (training, the conformance kit) >
-``io`` (build, checkpoints, Hugging Face) > ``recipe`` > ``nn`` (attention, mixers, blocks, the
-decode cache, generation) > ``registry`` > the contracts (``interfaces``, ``config``, ``schema``,
-``hookspecs``, ``files``, ``errors``).
+``data`` (token shards) > ``io`` (build, checkpoints, Hugging Face) > ``recipe`` > ``nn``
+(attention, mixers, blocks, the decode cache, generation) > ``registry`` > the contracts
+(``interfaces``, ``config``, ``hookspecs``, ``files``) > ``functional`` (the numeric kernels) >
+``schema`` > ``errors``.
 """
 from __future__ import annotations
 
-from . import moved
 from .errors import CheckpointError, ConfigError, InputError, RecipeError, RegistryError, SeqzooError
 from .hookspecs import hookimpl
 from .io.build import build
@@ -31,8 +31,6 @@ from .nn.generation import generate
 from .registry import Component, Plugin, Registry, load_plugin, registry, tokenizer
 from .train.perplexity import evaluate
 from .train.surgery import edit
-
-moved.install()  # the first layout's module paths (seqzoo.attention, ...) still import
 
 __version__ = "0.1.0"
 

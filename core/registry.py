@@ -357,12 +357,46 @@ def _version() -> str:
         return "0+unknown"
 
 
+#: The module attribute ``builtin`` fills: the module's marked classes, (cls, name, aliases, summary).
+BUILTINS = "__seqzoo_builtins__"
+
+
+def builtin(summary: str = "", *, aliases: tuple[str, ...] = (), name: str | None = None):
+    """Mark a class as its module's built-in component. Kind and name come from where the module is,
+    ``seqzoo.plugins.KIND.NAME`` (``name`` for a second variant of the same file). The loader
+    turns a module's marked classes into its ``seqzoo_components`` hook, so built-ins reach the
+    registry through the same hook as every plugin; third-party plugins write the hook themselves
+    (docs/plugins.md). ``summary``: the one-line description (default: the docstring's first line)."""
+    def mark(cls: type) -> type:
+        module = sys.modules[cls.__module__]
+        module.__dict__.setdefault(BUILTINS, []).append((cls, name, tuple(aliases), summary))
+        return cls
+    return mark
+
+
+class _BuiltinHook:
+    """The ``seqzoo_components`` hook of one built-in module, made from its ``builtin`` marks."""
+
+    def __init__(self, components: list[Component]) -> None:
+        self.components = components
+
+    @hookspecs.hookimpl
+    def seqzoo_components(self) -> list[Component]:
+        return list(self.components)
+
+
+def _builtin_hook(module) -> _BuiltinHook:
+    kind, variant = module.__name__.split(".")[-2:]
+    return _BuiltinHook([Component(kind, name or variant, cls, aliases, summary)
+                         for cls, name, aliases, summary in vars(module).get(BUILTINS, [])])
+
+
 def _load_builtins(reg: Registry) -> None:
     seqzoo_version = _version()
     for module_name in _builtin_modules():
         module = importlib.import_module(module_name)
         before = len(reg.problems)
-        info = _register(reg, module, Plugin(module_name, "built-in", "seqzoo", seqzoo_version))
+        info = _register(reg, _builtin_hook(module), Plugin(module_name, "built-in", "seqzoo", seqzoo_version))
         if info.status != "loaded":
             raise RegistryError(info.message)
         if len(reg.problems) > before:  # a built-in that breaks the rules is seqzoo's own bug

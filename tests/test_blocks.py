@@ -7,7 +7,7 @@ import torch
 
 import seqzoo
 from seqzoo.nn.attention import self_attention_inputs
-from seqzoo.train.testing import _kv_cache_equivalence
+from seqzoo.testing._shared import kv_cache_equivalence as _kv_cache_equivalence
 
 
 def test_qk_norm_normalises_each_head_before_the_position_hook():

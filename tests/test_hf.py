@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.train import parity
-from seqzoo.train.parity import hf_greedy
+from seqzoo.testing import parity
+from seqzoo.testing.parity import hf_greedy
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

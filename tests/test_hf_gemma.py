@@ -17,7 +17,7 @@ from seqzoo.io.hf import layer_pattern
 from seqzoo.plugins.converter.gemma2 import Gemma2Converter
 from seqzoo.plugins.converter.gemma3_text import Gemma3TextConverter
 from seqzoo.recipe import resolve
-from seqzoo.train import parity
+from seqzoo.testing import parity
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

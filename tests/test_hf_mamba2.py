@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.nn.generation import generate
-from seqzoo.train import parity
+from seqzoo.testing import parity
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

@@ -14,8 +14,8 @@ import torch
 import seqzoo
 from seqzoo.nn.attention import self_attention_inputs
 from seqzoo.nn.layers import describe_layout, layer_plan
-from seqzoo.train import parity
-from seqzoo.train.parity import TOL, check_export, check_masked_lm_logits, import_reference, max_difference
+from seqzoo.testing import parity
+from seqzoo.testing.parity import TOL, check_export, check_masked_lm_logits, import_reference, max_difference
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

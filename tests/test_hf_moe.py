@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.train import parity
+from seqzoo.testing import parity
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

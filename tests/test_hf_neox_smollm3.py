@@ -14,7 +14,7 @@ import torch
 
 import seqzoo
 from seqzoo.errors import CheckpointError
-from seqzoo.train import parity
+from seqzoo.testing import parity
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

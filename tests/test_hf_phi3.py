@@ -18,8 +18,8 @@ import torch
 import seqzoo
 from seqzoo.errors import CheckpointError, ConfigError
 from seqzoo.nn.generation import generate
-from seqzoo.train import parity
-from seqzoo.train.parity import hf_greedy, left_padded
+from seqzoo.testing import parity
+from seqzoo.testing.parity import hf_greedy, left_padded
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

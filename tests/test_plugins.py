@@ -142,11 +142,20 @@ class Drifting(RecurrentCell):
         out, state = super().forward(x, state, lengths)
         return out * 2, state
 
+class TimeMeanNorm(torch.nn.Module):
+    '''Normalises by the mean over the time axis: it leaks later tokens into earlier ones.'''
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+    def forward(self, x):
+        return (x - x.mean(dim=-2, keepdim=True)) * self.weight
+
 @seqzoo.hookimpl
 def seqzoo_components():
     return [seqzoo.Component("score", "transposed", Transposed, summary="wrong output shape"),
             seqzoo.Component("score", "peeking", Peeking, summary="not causal"),
-            seqzoo.Component("cell", "drifting", Drifting, summary="forward disagrees with step")]
+            seqzoo.Component("cell", "drifting", Drifting, summary="forward disagrees with step"),
+            seqzoo.Component("norm", "time_mean", TimeMeanNorm, summary="mixes positions")]
 """
 
 
@@ -647,10 +656,17 @@ def test_kit_fails_a_score_that_ignores_causal(wrong):
     assert "a later key changed an earlier query's output" in failed["causal_attend"]
 
 
-@pytest.mark.skipif(not hasattr(testing, "_cell_checks"), reason="the kit's cell checks are not available yet")
 def test_kit_fails_a_cell_whose_forward_disagrees_with_its_steps(wrong):
     failed = _failed("cell", "drifting")
     assert "forward differs from the step loop" in failed["step_matches_sequence"]
+
+
+def test_kit_fails_a_norm_that_mixes_positions(wrong):
+    """Shapes, dtypes, gradients and state_dict all pass for a norm over the time axis; what a norm
+    promises — each position on its own — does not."""
+    failed = _failed("norm", "time_mean")
+    assert set(failed) == {"positions_stay_apart"}
+    assert "changing the other positions changed position 2's output" in failed["positions_stay_apart"]
 
 
 def test_check_command_prints_each_check_and_exits_1_on_failure(wrong, capsys):

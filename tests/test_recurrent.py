@@ -14,7 +14,7 @@ from seqzoo.interfaces import RecurrentCell
 from seqzoo.nn.layers import cell_factory
 from seqzoo.nn.recurrent import RecurrentStack
 from seqzoo.plugins.cell.gru import GRU
-from seqzoo.train.testing import check_component
+from seqzoo.testing import check_component
 
 B, T, I, H = 3, 7, 4, 5
 TORCH = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}

@@ -186,19 +186,3 @@ def test_import_seqzoo_does_not_import_plugins():
     assert out.stdout.strip() == "False"
 
 
-def test_the_first_layouts_module_paths_import_the_moved_modules_themselves():
-    """Plugins written against seqzoo.attention, seqzoo.training, ... keep working: each old path
-    is the module at its new place (so patching through either name reaches the same objects)."""
-    import importlib
-
-    from seqzoo.moved import MOVED
-
-    for old, new in MOVED.items():
-        assert importlib.import_module(f"seqzoo.{old}") is importlib.import_module(f"seqzoo.{new}"), old
-    from seqzoo.attention import MultiHeadAttention as old_name
-    from seqzoo.nn.attention import MultiHeadAttention
-
-    assert old_name is MultiHeadAttention
-    assert importlib.import_module("seqzoo.training").__spec__.name == "seqzoo.train.training"
-    # the old module path `seqzoo.build` never shadows the function `seqzoo.build`
-    assert callable(seqzoo.build) and seqzoo.build.__module__ == "seqzoo.io.build"

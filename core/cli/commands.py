@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 import yaml
 
+from .. import testing
 from ..errors import InputError, RegistryError, SeqzooError, unknown_name
 from ..io.build import build, instantiate
 from ..io.checkpoint import load, save
@@ -19,7 +20,6 @@ from ..nn.generation import generate
 from ..nn.layers import describe_layout
 from ..recipe import resolve
 from ..registry import canonical_name, load_plugin, registry, strict, tokenizer
-from ..train import testing
 from .describe import describe
 
 EXIT_BAD_INPUT = 2
@@ -27,7 +27,7 @@ EXIT_CHECK_FAILED = 1
 
 # Modules that add commands through ``register_cli(add) -> {name: handler}``.
 EXTENSIONS = ("seqzoo.cli.train", "seqzoo.cli.data", "seqzoo.cli.compare", "seqzoo.cli.checkpoints", "seqzoo.cli.plots",
-              "seqzoo.io.hf", "seqzoo.io.gguf", "seqzoo.cli.catalog", "seqzoo.cli.fill_mask", "seqzoo.cli.evaluate",
+              "seqzoo.cli.hf", "seqzoo.cli.gguf", "seqzoo.cli.catalog", "seqzoo.cli.fill_mask", "seqzoo.cli.evaluate",
               "seqzoo.cli.edit")
 
 PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; also SEQZOO_PLUGINS, "

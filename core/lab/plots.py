@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError, SeqzooError
 from ..files import atomic_write
-from ..interfaces import PositionScheme, expand_kv, masked_softmax_attend
+from ..functional import expand_kv, masked_softmax_attend
+from ..interfaces import PositionScheme
 from ..io.build import instantiate
 from ..io.checkpoint import load
 from ..nn.attention import MultiHeadAttention

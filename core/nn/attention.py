@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction, expand_kv, masked_softmax_attend, softcap
+from ..functional import expand_kv, masked_softmax_attend, softcap
+from ..interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction
 from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
 from .cache import KVCache, KVSlice
 from .linear import Linear

@@ -11,9 +11,10 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.registry import builtin
 
 
+@builtin("x·Φ(x), exact erf or tanh approximation (BERT, GPT-2)")
 class Gelu(nn.Module):
     """approximate: none (exact, erf; BERT, PyTorch's default) or tanh (GPT-2). Default none."""
 
@@ -27,9 +28,3 @@ class Gelu(nn.Module):
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("activation", "gelu", Gelu,
-                             summary="x·Φ(x), exact erf or tanh approximation (BERT, GPT-2)")]

@@ -5,19 +5,14 @@ A name for ``{kind: gelu, approximate: tanh}``, as HF names it ``gelu_new`` / ``
 """
 from __future__ import annotations
 
-import seqzoo
+from seqzoo.registry import builtin
 
 from .gelu import Gelu
 
 
+@builtin("GELU, tanh approximation (GPT-2 gelu_new, Gemma)")
 class GeluTanh(Gelu):
     """No recipe params: always the tanh approximation."""
 
     def __init__(self) -> None:
         super().__init__(approximate="tanh")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("activation", "gelu_tanh", GeluTanh,
-                             summary="GELU, tanh approximation (GPT-2 gelu_new, Gemma)")]

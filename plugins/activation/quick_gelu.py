@@ -7,18 +7,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.registry import builtin
 
 
+@builtin("x·σ(1.702x), CLIP's fast GELU stand-in")
 class QuickGelu(nn.Module):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:
         """x (...) -> (...)."""
         return x * torch.sigmoid(1.702 * x)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("activation", "quick_gelu", QuickGelu,
-                             summary="x·σ(1.702x), CLIP's fast GELU stand-in")]

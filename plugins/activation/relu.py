@@ -4,17 +4,13 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.registry import builtin
 
 
+@builtin("max(0, x) (Vaswani 2017, OPT)")
 class Relu(nn.Module):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:
         """x (...) -> (...)."""
         return F.relu(x)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("activation", "relu", Relu, summary="max(0, x) (Vaswani 2017, OPT)")]

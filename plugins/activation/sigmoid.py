@@ -5,18 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.registry import builtin
 
 
+@builtin("1 / (1 + e^(-x)) (the original GLU gate)")
 class Sigmoid(nn.Module):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:
         """x (...) -> (...)."""
         return torch.sigmoid(x)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("activation", "sigmoid", Sigmoid,
-                             summary="1 / (1 + e^(-x)) (the original GLU gate)")]

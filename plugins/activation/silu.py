@@ -7,18 +7,13 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.registry import builtin
 
 
+@builtin("x·σ(x), Swish-1 (SwiGLU in LLaMA, Mistral)", aliases=("swish",))
 class Silu(nn.Module):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:
         """x (...) -> (...)."""
         return F.silu(x)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("activation", "silu", Silu, aliases=("swish",),
-                             summary="x·σ(x), Swish-1 (SwiGLU in LLaMA, Mistral)")]

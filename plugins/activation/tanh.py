@@ -4,17 +4,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.registry import builtin
 
 
+@builtin("tanh(x), range (-1, 1)")
 class Tanh(nn.Module):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:
         """x (...) -> (...)."""
         return torch.tanh(x)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("activation", "tanh", Tanh, summary="tanh(x), range (-1, 1)")]

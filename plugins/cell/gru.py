@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from torch import _VF, Tensor
 
-import seqzoo
+from seqzoo.registry import builtin
 
 from ._fused import FusedCell
 
 
+@builtin("GRU, gates r,z,n, reset after W_hn h (torch.nn.GRUCell layout, fused nn.GRU kernel)")
 class GRU(FusedCell):
     """bias: learn b_ih and b_hh (true; b_in and b_hn are not interchangeable). learn_initial_state:
     learn h0 instead of starting from zeros (false).
@@ -36,9 +37,3 @@ class GRU(FusedCell):
         (h,) = self._parts(state, x_t.shape[0])
         h = _VF.gru_cell(x_t, h, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         return h, h
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("cell", "gru", GRU, summary="GRU, gates r,z,n, reset after W_hn h "
-                                                      "(torch.nn.GRUCell layout, fused nn.GRU kernel)")]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from torch import _VF, Tensor
 
-import seqzoo
+from seqzoo.registry import builtin
 
 from ._fused import FusedCell
 
 
+@builtin("LSTM, gates i,f,g,o (torch.nn.LSTMCell layout, fused nn.LSTM kernel)")
 class LSTM(FusedCell):
     """bias: learn b_ih and b_hh (true; only their sum matters). learn_initial_state: learn h0 and
     c0 instead of starting from zeros (false).
@@ -38,9 +39,3 @@ class LSTM(FusedCell):
         h, c = self._parts(state, x_t.shape[0])
         h, c = _VF.lstm_cell(x_t, (h, c), self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         return h, (h, c)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("cell", "lstm", LSTM,
-                             summary="LSTM, gates i,f,g,o (torch.nn.LSTMCell layout, fused nn.LSTM kernel)")]

@@ -10,12 +10,13 @@ from typing import Literal
 
 from torch import _VF, Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
+from seqzoo.registry import builtin
 
 from ._fused import FusedCell
 
 
+@builtin("Elman RNN, tanh or relu (torch.nn.RNNCell layout, fused nn.RNN kernel)")
 class RNN(FusedCell):
     """nonlinearity: φ, tanh (default) or relu. bias: learn b_ih and b_hh (true).
     learn_initial_state: learn h0 instead of starting from zeros (false).
@@ -43,9 +44,3 @@ class RNN(FusedCell):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, nonlinearity={self.nonlinearity!r}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("cell", "rnn", RNN, summary="Elman RNN, tanh or relu "
-                                                      "(torch.nn.RNNCell layout, fused nn.RNN kernel)")]

@@ -22,7 +22,6 @@ from dataclasses import replace
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
@@ -38,6 +37,7 @@ from seqzoo.io.hf import (
     special_ids,
 )
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 from ._rope import rope_config, rope_problem, rope_spec
 from .gpt_neox import partial_factor
@@ -52,6 +52,8 @@ KINDS = {"full_attention": "attention", "linear_attention": "mamba"}
 PARTIAL = 0.5  # BambaConfig's partial_rotary_factor when rope_parameters names none
 
 
+@builtin("Hugging Face Bamba <-> decoder_lm (Mamba-2 and attention layers by attn_layer_indices, SwiGLU "
+         "everywhere, partial RoPE)")
 class BambaConverter(CausalLMConverter):
     """config.json keys: LLaMA's (hidden_size, intermediate_size, num_hidden_layers,
     num_attention_heads, num_key_value_heads, head_dim, hidden_act, max_position_embeddings,
@@ -209,10 +211,3 @@ class BambaConverter(CausalLMConverter):
                 "attn_layer_indices": [i for i, p in enumerate(plans) if p.mixer["kind"] == "attention"],
                 **mixer_config(spec, NAMES, m["dim"]), "tie_word_embeddings": m["tie_embeddings"],
                 "initializer_range": m["init_std"], **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "bamba", BambaConverter,
-                             summary="Hugging Face Bamba <-> decoder_lm (Mamba-2 and attention layers by "
-                                     "attn_layer_indices, SwiGLU everywhere, partial RoPE)")]

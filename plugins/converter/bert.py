@@ -16,7 +16,6 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     HFConverter,
@@ -36,6 +35,7 @@ from seqzoo.io.hf import (
     special_ids,
     uniform_problem,
 )
+from seqzoo.registry import builtin
 
 DEFAULTS = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
             "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
@@ -48,6 +48,7 @@ DEFAULTS = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
 LEGACY_NAMES = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
 
 
+@builtin("Hugging Face BERT <-> encoder (token types, pooler, MLM head, post-norm)")
 class BertConverter(HFConverter):
     """config.json keys: hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
     hidden_act, max_position_embeddings, type_vocab_size, layer_norm_eps, *_dropout_prob,
@@ -225,9 +226,3 @@ class BertConverter(HFConverter):
             return config, tensors
         root = self.head["bias"].split(".", 1)[0] + "."
         return config, {n if n.startswith(root) else self.prefix + n: t for n, t in tensors.items()}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "bert", BertConverter,
-                             summary="Hugging Face BERT <-> encoder (token types, pooler, MLM head, post-norm)")]

@@ -11,7 +11,6 @@ from collections.abc import Collection
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
@@ -25,6 +24,7 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.registry import builtin
 
 DEFAULTS = {"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8,
             "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "hidden_dropout": 0.0,
@@ -40,6 +40,7 @@ def _config(config: dict) -> dict:
     return c
 
 
+@builtin("Hugging Face BLOOM <-> decoder_lm (ALiBi, per-head fused qkv)")
 class BloomConverter(CausalLMConverter):
     """config.json keys: hidden_size (or n_embed), n_layer, n_head, layer_norm_epsilon,
     hidden_dropout, attention_dropout, tie_word_embeddings. The MLP is 4·hidden_size wide."""
@@ -104,9 +105,3 @@ class BloomConverter(CausalLMConverter):
                 "attention_dropout": m["attention"]["dropout"], "tie_word_embeddings": m["tie_embeddings"],
                 "apply_residual_connection_post_layernorm": False, "pretraining_tp": 1,
                 "slow_but_exact": False, "initializer_range": m["init_std"], **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "bloom", BloomConverter,
-                             summary="Hugging Face BLOOM <-> decoder_lm (ALiBi, per-head fused qkv)")]

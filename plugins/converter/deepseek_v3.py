@@ -26,7 +26,6 @@ from dataclasses import replace
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
@@ -40,6 +39,7 @@ from seqzoo.io.hf import (
     special_ids,
 )
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 from ._moe import expert_rules, sparse_layout
 from ._rope import rope_config, rope_problem, rope_spec
@@ -58,6 +58,8 @@ def mla_scale(params: dict, qk_head_dim: int) -> float:
     return scale
 
 
+@builtin("Hugging Face DeepSeek-V3 <-> decoder_lm (latent attention, sigmoid group-limited experts with a "
+         "shared one, dense first layers)")
 class DeepseekV3Converter(CausalLMConverter):
     """config.json keys: hidden_size, num_hidden_layers, num_attention_heads, q_lora_rank,
     kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, attention_bias, rope_parameters,
@@ -215,10 +217,3 @@ class DeepseekV3Converter(CausalLMConverter):
                 "first_k_dense_replace": sum(p.ffn["kind"] != "moe" for p in plans),
                 "tie_word_embeddings": m["tie_embeddings"], "initializer_range": m["init_std"],
                 "attention_dropout": 0.0, **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "deepseek_v3", DeepseekV3Converter,
-                             summary="Hugging Face DeepSeek-V3 <-> decoder_lm (latent attention, sigmoid "
-                                     "group-limited experts with a shared one, dense first layers)")]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import seqzoo
+from seqzoo.registry import builtin
 
 from .mamba import DEFAULTS, MambaConverter
 
 
+@builtin("Hugging Face Falcon-Mamba <-> decoder_lm (mamba mixer with B/C/Δ norms)")
 class FalconMambaConverter(MambaConverter):
     """Mamba's config.json keys plus mixer_rms_eps (1e-6)."""
 
@@ -24,9 +25,3 @@ class FalconMambaConverter(MambaConverter):
     architecture = "FalconMambaForCausalLM"
     defaults: ClassVar[dict] = {**DEFAULTS, "mixer_rms_eps": 1e-6}
     mixer_norm = "mixer_rms_eps"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "falcon_mamba", FalconMambaConverter,
-                             summary="Hugging Face Falcon-Mamba <-> decoder_lm (mamba mixer with B/C/Δ norms)")]

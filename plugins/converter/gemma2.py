@@ -20,10 +20,10 @@ from dataclasses import replace
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import ffn_activation, first_problem, glu_ffn, kind_of, layer_pattern, special_ids
 from seqzoo.nn.layers import LayerPlan, layer_plan
+from seqzoo.registry import builtin
 
 from ._rope import rope_config, rope_problem, rope_spec
 from .llama import LlamaConverter
@@ -52,6 +52,7 @@ def _alike(plan: LayerPlan) -> LayerPlan:
     return replace(plan, type=None, position={}, attention=replace(plan.attention, window=None))
 
 
+@builtin("Hugging Face Gemma 2 <-> decoder_lm (local/global layers, softcaps, sandwich (1+w) norms, √C embeddings)")
 class Gemma2Converter(LlamaConverter):
     """config.json keys: LLaMA's (hidden_activation for hidden_act; no mlp_bias) plus
     query_pre_attn_scalar, sliding_window, layer_types, attn_logit_softcapping,
@@ -219,10 +220,3 @@ class Gemma2Converter(LlamaConverter):
                 "layer_types": kinds, "attn_logit_softcapping": attn.softcap,
                 "final_logit_softcapping": m["final_softcap"], "initializer_range": m["init_std"],
                 **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "gemma2", Gemma2Converter,
-                             summary="Hugging Face Gemma 2 <-> decoder_lm (local/global layers, softcaps, "
-                                     "sandwich (1+w) norms, √C embeddings)")]

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import copy
 
-import seqzoo
 from seqzoo.errors import CheckpointError
+from seqzoo.registry import builtin
 
 from ._rope import rope_parameters, rope_spec
 from .gemma2 import TYPES, Gemma2Converter
 
 
+@builtin("Hugging Face Gemma 3 text <-> decoder_lm (5:1 local/global, RoPE per layer type, (1+w) QK-norm)")
 class Gemma3TextConverter(Gemma2Converter):
     """Gemma 2's keys (softcaps null by default) plus rope_parameters per layer type (or rope_theta,
     rope_local_base_freq and rope_scaling) and sliding_window_pattern (6)."""
@@ -66,10 +67,3 @@ class Gemma3TextConverter(Gemma2Converter):
         return {"rope_parameters": nested, "rope_theta": full["rope_theta"],
                 "rope_local_base_freq": local["rope_theta"],
                 "rope_scaling": scaling if scaling["rope_type"] != "default" else None}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "gemma3_text", Gemma3TextConverter,
-                             summary="Hugging Face Gemma 3 text <-> decoder_lm (5:1 local/global, RoPE per "
-                                     "layer type, (1+w) QK-norm)")]

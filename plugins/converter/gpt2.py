@@ -11,7 +11,6 @@ from collections.abc import Collection
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
@@ -26,6 +25,7 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.registry import builtin
 
 DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
             "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1, "attn_pdrop": 0.1,
@@ -33,6 +33,7 @@ DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 
             "tie_word_embeddings": True}
 
 
+@builtin("Hugging Face GPT-2 <-> decoder_lm (Conv1D weights transposed)")
 class GPT2Converter(CausalLMConverter):
     """config.json keys: n_embd, n_layer, n_head, n_positions, n_inner, activation_function,
     layer_norm_epsilon, scale_attn_weights, tie_word_embeddings, *_pdrop."""
@@ -95,9 +96,3 @@ class GPT2Converter(CausalLMConverter):
                 "tie_word_embeddings": m["tie_embeddings"], "attn_pdrop": m["attention"]["dropout"],
                 "resid_pdrop": m["dropout"], "embd_pdrop": m["dropout"],
                 "initializer_range": m["init_std"], **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "gpt2", GPT2Converter,
-                             summary="Hugging Face GPT-2 <-> decoder_lm (Conv1D weights transposed)")]

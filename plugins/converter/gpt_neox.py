@@ -18,7 +18,6 @@ from collections.abc import Collection
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     HFConverter,
@@ -33,6 +32,7 @@ from seqzoo.io.hf import (
     norm,
     special_ids,
 )
+from seqzoo.registry import builtin
 
 from ._rope import rope_config, rope_problem, rope_spec
 
@@ -89,6 +89,7 @@ def partial_factor(rotary: int, head_dim: int) -> float:
     return factor
 
 
+@builtin("Hugging Face GPT-NeoX / Pythia <-> decoder_lm (parallel residual, partial rotary, per-head fused qkv)")
 class GPTNeoXConverter(HFConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
     hidden_act, max_position_embeddings, layer_norm_eps, use_parallel_residual, attention_bias,
@@ -191,10 +192,3 @@ class GPTNeoXConverter(HFConverter):
                 "hidden_dropout": m["dropout"], "attention_dropout": attn["dropout"],
                 "tie_word_embeddings": m["tie_embeddings"], "initializer_range": m["init_std"],
                 **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "gpt_neox", GPTNeoXConverter,
-                             summary="Hugging Face GPT-NeoX / Pythia <-> decoder_lm (parallel residual, "
-                                     "partial rotary, per-head fused qkv)")]

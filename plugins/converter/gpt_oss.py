@@ -15,10 +15,10 @@ from dataclasses import replace
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 from ._moe import stacked_expert_rules, without_layout
 from .llama import LlamaConverter
@@ -27,6 +27,8 @@ from .llama import LlamaConverter
 KINDS = {"sliding_attention": "local", "full_attention": "global"}
 
 
+@builtin("Hugging Face gpt-oss <-> decoder_lm (sinks, alternating windows, top-k softmax experts with the "
+         "clamped SwiGLU)")
 class GptOssConverter(LlamaConverter):
     """LLaMA's keys plus head_dim, attention_bias (true), sliding_window, layer_types,
     num_local_experts, num_experts_per_tok, intermediate_size (each expert's width), swiglu_alpha,
@@ -121,10 +123,3 @@ class GptOssConverter(LlamaConverter):
                 "num_local_experts": spec["experts"], "num_experts_per_tok": spec["top_k"],
                 "swiglu_alpha": spec["expert"]["alpha"], "swiglu_limit": spec["expert"]["limit"],
                 "router_aux_loss_coef": spec["balance_loss"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "gpt_oss", GptOssConverter,
-                             summary="Hugging Face gpt-oss <-> decoder_lm (sinks, alternating windows, top-k softmax "
-                                     "experts with the clamped SwiGLU)")]

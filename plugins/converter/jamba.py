@@ -22,7 +22,6 @@ from dataclasses import replace
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
@@ -38,6 +37,7 @@ from seqzoo.io.hf import (
     special_ids,
 )
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 from ._moe import expert_rules, softmax_moe, softmax_moe_problem
 
@@ -55,6 +55,7 @@ def period_offset(flags: list[bool]) -> tuple[int, int] | None:
     return None
 
 
+@builtin("Hugging Face Jamba <-> decoder_lm (Mamba and attention layers, experts in every other layer)")
 class JambaConverter(CausalLMConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
     num_key_value_heads, hidden_act, rms_norm_eps, attn_layer_period/offset, expert_layer_period/
@@ -211,10 +212,3 @@ class JambaConverter(CausalLMConverter):
                 "mamba_dt_rank": mamba["dt_rank"] or math.ceil(m["dim"] / 16), "mamba_conv_bias": mamba["conv_bias"],
                 "mamba_proj_bias": mamba["bias"], "tie_word_embeddings": m["tie_embeddings"],
                 "initializer_range": m["init_std"], **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "jamba", JambaConverter,
-                             summary="Hugging Face Jamba <-> decoder_lm (Mamba and attention layers, experts in "
-                                     "every other layer)")]

@@ -10,7 +10,6 @@ from collections.abc import Collection
 
 from torch import nn
 
-import seqzoo
 from seqzoo.io.hf import (
     CausalLMConverter,
     Rule,
@@ -24,10 +23,12 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.registry import builtin
 
 from ._rope import SCALINGS, rope_config, rope_problem, rope_spec
 
 
+@builtin("Hugging Face LLaMA <-> decoder_lm (RoPE scalings, GQA, biases)")
 class LlamaConverter(CausalLMConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
     num_key_value_heads, head_dim, hidden_act, max_position_embeddings, rms_norm_eps,
@@ -159,9 +160,3 @@ class LlamaConverter(CausalLMConverter):
                 "tie_word_embeddings": m["tie_embeddings"],
                 "attention_dropout": m["attention"]["dropout"], "initializer_range": m["init_std"],
                 **self.family_config(model), **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "llama", LlamaConverter,
-                             summary="Hugging Face LLaMA <-> decoder_lm (RoPE scalings, GQA, biases)")]

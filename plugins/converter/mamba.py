@@ -36,9 +36,9 @@ from typing import ClassVar
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import CausalLMConverter, Rule, copy, first_problem, kind_of, linear, norm, special_ids
+from seqzoo.registry import builtin
 
 # MambaConfig's defaults (transformers 5).
 DEFAULTS = {"vocab_size": 50280, "hidden_size": 768, "state_size": 16, "num_hidden_layers": 32,
@@ -56,6 +56,7 @@ def _positive_int(c: dict, key: str) -> int:
     return value
 
 
+@builtin("Hugging Face Mamba <-> decoder_lm (mamba mixer layers, no FFN)")
 class MambaConverter(CausalLMConverter):
     """config.json keys: hidden_size, intermediate_size (or expand), state_size, conv_kernel,
     time_step_rank, use_bias, use_conv_bias, hidden_act (silu), layer_norm_epsilon,
@@ -164,9 +165,3 @@ class MambaConverter(CausalLMConverter):
         if self.mixer_norm is not None:
             config[self.mixer_norm] = spec["bcdt_norm_eps"]
         return config
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "mamba", MambaConverter,
-                             summary="Hugging Face Mamba <-> decoder_lm (mamba mixer layers, no FFN)")]

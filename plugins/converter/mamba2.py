@@ -29,10 +29,10 @@ from typing import Any
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import CausalLMConverter, Rule, copy, first_problem, kind_of, linear, norm, special_ids
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 #: transformers 5 writes ±inf and NaN in config.json as {"__float__": "Infinity"}.
 SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
@@ -106,6 +106,7 @@ def mixer_problem(spec: Mapping, eps: float, family: str) -> str | None:
     )
 
 
+@builtin("Hugging Face Mamba-2 <-> decoder_lm (SSD mixers, grouped B/C, gated norm)")
 class Mamba2Converter(CausalLMConverter):
     """config.json keys: hidden_size, num_hidden_layers, num_heads, head_dim, state_size, n_groups,
     conv_kernel, expand, use_bias, use_conv_bias, hidden_act (silu), layer_norm_epsilon,
@@ -187,9 +188,3 @@ class Mamba2Converter(CausalLMConverter):
                 "time_step_min": spec["dt_min"], "time_step_max": spec["dt_max"],
                 "residual_in_fp32": False, "tie_word_embeddings": m["tie_embeddings"],
                 "initializer_range": m["init_std"], **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "mamba2", Mamba2Converter,
-                             summary="Hugging Face Mamba-2 <-> decoder_lm (SSD mixers, grouped B/C, gated norm)")]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from torch import nn
 
-import seqzoo
 from seqzoo.io.hf import first_problem
+from seqzoo.registry import builtin
 
 from .llama import LlamaConverter
 
 
+@builtin("Hugging Face Mistral <-> decoder_lm (sliding window)")
 class MistralConverter(LlamaConverter):
     """LLaMA's keys (no attention_bias / mlp_bias) plus sliding_window (null = full attention)."""
 
@@ -37,9 +38,3 @@ class MistralConverter(LlamaConverter):
 
     def family_config(self, model: nn.Module) -> dict:
         return {"sliding_window": model.recipe["model"]["attention"]["window"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "mistral", MistralConverter,
-                             summary="Hugging Face Mistral <-> decoder_lm (sliding window)")]

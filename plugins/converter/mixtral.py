@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import glu_ffn
+from seqzoo.registry import builtin
 
 from ._moe import MixtureOfExpertsFamily, softmax_moe, softmax_moe_problem
 from .mistral import MistralConverter
 
 
+@builtin("Hugging Face Mixtral <-> decoder_lm (Mistral attention, softmax top-k mixture of SwiGLU experts)")
 class MixtralConverter(MixtureOfExpertsFamily, MistralConverter):
     """Mistral's keys (sliding_window null by default) plus num_local_experts, num_experts_per_tok,
     intermediate_size (each expert's width), router_aux_loss_coef and router_jitter_noise (0)."""
@@ -60,10 +61,3 @@ class MixtralConverter(MixtureOfExpertsFamily, MistralConverter):
 
     def family_config(self, model: nn.Module) -> dict:
         return {"sliding_window": model.recipe["model"]["attention"]["window"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "mixtral", MixtralConverter,
-                             summary="Hugging Face Mixtral <-> decoder_lm (Mistral attention, softmax top-k "
-                                     "mixture of SwiGLU experts)")]

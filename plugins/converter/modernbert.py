@@ -20,7 +20,6 @@ from collections.abc import Collection
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     ACTIVATIONS,
@@ -40,6 +39,7 @@ from seqzoo.io.hf import (
     split,
 )
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 from ._rope import rope_parameters, rope_problem, rope_spec
 
@@ -71,6 +71,7 @@ def _hf_name(activation: str | dict) -> str | None:
     return activation_name(activation, "gelu_pytorch_tanh")
 
 
+@builtin("Hugging Face ModernBERT <-> encoder (local/global RoPE layers, GeGLU)")
 class ModernBertConverter(HFConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
     hidden_activation, max_position_embeddings, norm_eps, norm_bias, attention_bias, mlp_bias,
@@ -267,9 +268,3 @@ class ModernBertConverter(HFConverter):
         if every:
             config["global_attn_every_n_layers"] = every[0]
         return config
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "modernbert", ModernBertConverter,
-                             summary="Hugging Face ModernBERT <-> encoder (local/global RoPE layers, GeGLU)")]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from torch import nn
 
-import seqzoo
 from seqzoo.io.hf import first_problem
+from seqzoo.registry import builtin
 
 from .llama import LlamaConverter
 
 
+@builtin("Hugging Face OLMo 2 <-> decoder_lm (output norms, whole-projection QK-norm)")
 class Olmo2Converter(LlamaConverter):
     """LLaMA's keys (rms_norm_eps 1e-5, vocab 50304; no mlp_bias)."""
 
@@ -36,9 +37,3 @@ class Olmo2Converter(LlamaConverter):
 
     def family_config(self, model: nn.Module) -> dict:
         return {"attention_bias": model.recipe["model"]["attention"]["bias"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "olmo2", Olmo2Converter,
-                             summary="Hugging Face OLMo 2 <-> decoder_lm (output norms, whole-projection QK-norm)")]

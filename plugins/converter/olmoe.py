@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import first_problem, glu_ffn
+from seqzoo.registry import builtin
 
 from ._moe import MixtureOfExpertsFamily, softmax_moe, softmax_moe_problem
 from .llama import LlamaConverter
 
 
+@builtin("Hugging Face OLMoE <-> decoder_lm (whole-projection QK-norm, softmax top-k experts)")
 class OlmoeConverter(MixtureOfExpertsFamily, LlamaConverter):
     """LLaMA's keys plus num_experts, num_experts_per_tok, norm_topk_prob, router_aux_loss_coef and
     clip_qkv (null)."""
@@ -60,10 +61,3 @@ class OlmoeConverter(MixtureOfExpertsFamily, LlamaConverter):
 
     def family_config(self, model: nn.Module) -> dict:
         return {"attention_bias": model.recipe["model"]["attention"]["bias"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "olmoe", OlmoeConverter,
-                             summary="Hugging Face OLMoE <-> decoder_lm (whole-projection QK-norm, softmax top-k "
-                                     "experts)")]

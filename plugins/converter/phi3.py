@@ -20,9 +20,9 @@ from collections.abc import Collection
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, copy, first_problem, renamed, split
+from seqzoo.registry import builtin
 
 from .llama import LlamaConverter
 
@@ -30,6 +30,7 @@ from .llama import LlamaConverter
 ORIGINAL = 4096
 
 
+@builtin("Hugging Face Phi-3 <-> decoder_lm (fused qkv/gate_up, partial rotary, LongRoPE)")
 class Phi3Converter(LlamaConverter):
     """LLaMA's keys (without attention_bias / mlp_bias) plus original_max_position_embeddings,
     partial_rotary_factor, sliding_window, resid_pdrop (0) and embd_pdrop (unused by transformers)."""
@@ -111,9 +112,3 @@ class Phi3Converter(LlamaConverter):
             config["partial_rotary_factor"] = config["rope_parameters"]["partial_rotary_factor"] = \
                 rotary / config["head_dim"]
         return config
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "phi3", Phi3Converter,
-                             summary="Hugging Face Phi-3 <-> decoder_lm (fused qkv/gate_up, partial rotary, LongRoPE)")]

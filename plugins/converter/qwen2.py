@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import first_problem
+from seqzoo.registry import builtin
 
 from .llama import LlamaConverter
 
 
+@builtin("Hugging Face Qwen2 <-> decoder_lm (q/k/v biases, no output bias)")
 class Qwen2Converter(LlamaConverter):
     """LLaMA's keys (no attention_bias / mlp_bias) plus use_sliding_window, sliding_window,
     max_window_layers, layer_types."""
@@ -54,9 +55,3 @@ class Qwen2Converter(LlamaConverter):
         return {"use_sliding_window": window is not None, "sliding_window": window,
                 "max_window_layers": 0 if window is not None else m["layers"],
                 "layer_types": [kind] * m["layers"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "qwen2", Qwen2Converter,
-                             summary="Hugging Face Qwen2 <-> decoder_lm (q/k/v biases, no output bias)")]

@@ -7,15 +7,16 @@ by a sigmoid gate: y = Σ_j w_j E_j(x) + σ(g·x) S(x) (``shared`` and ``shared_
 """
 from __future__ import annotations
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, first_problem, glu_ffn, kind_of, renamed
+from seqzoo.registry import builtin
 
 from ._moe import softmax_moe_problem
 from .qwen2 import Qwen2Converter
 from .qwen3_moe import QwenMoeFamily
 
 
+@builtin("Hugging Face Qwen2-MoE <-> decoder_lm (routed experts plus a sigmoid-gated shared expert)")
 class Qwen2MoeConverter(QwenMoeFamily, Qwen2Converter):
     """Qwen2's keys plus num_experts, num_experts_per_tok, moe_intermediate_size,
     shared_expert_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers,
@@ -52,10 +53,3 @@ class Qwen2MoeConverter(QwenMoeFamily, Qwen2Converter):
 
     def moe_config(self, spec: dict, sparse: list[bool]) -> dict:
         return {**super().moe_config(spec, sparse), "shared_expert_intermediate_size": spec["shared"]["hidden"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "qwen2_moe", Qwen2MoeConverter,
-                             summary="Hugging Face Qwen2-MoE <-> decoder_lm (routed experts plus a sigmoid-gated "
-                                     "shared expert)")]

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from torch import nn
 
-import seqzoo
 from seqzoo.io.hf import first_problem
+from seqzoo.registry import builtin
 
 from .qwen2 import Qwen2Converter
 
 
+@builtin("Hugging Face Qwen3 <-> decoder_lm (per-head QK RMSNorm, no q/k/v biases)")
 class Qwen3Converter(Qwen2Converter):
     """Qwen2's keys plus attention_bias (false) and head_dim (128)."""
 
@@ -34,9 +35,3 @@ class Qwen3Converter(Qwen2Converter):
 
     def family_config(self, model: nn.Module) -> dict:
         return {**super().family_config(model), "attention_bias": model.recipe["model"]["attention"]["bias"]}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "qwen3", Qwen3Converter,
-                             summary="Hugging Face Qwen3 <-> decoder_lm (per-head QK RMSNorm, no q/k/v biases)")]

@@ -9,9 +9,9 @@ Exports write the sparse layers as ``mlp_only_layers`` with a step of 1.
 """
 from __future__ import annotations
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import glu_ffn
+from seqzoo.registry import builtin
 
 from ._moe import MixtureOfExpertsFamily, softmax_moe, softmax_moe_problem
 from .qwen3 import Qwen3Converter
@@ -58,6 +58,7 @@ class QwenMoeFamily(MixtureOfExpertsFamily):
                 "router_aux_loss_coef": spec["balance_loss"]}
 
 
+@builtin("Hugging Face Qwen3-MoE <-> decoder_lm (Qwen3 attention, softmax top-k experts, dense mlp_only_layers)")
 class Qwen3MoeConverter(QwenMoeFamily, Qwen3Converter):
     """Qwen3's keys plus num_local_experts (or num_experts), num_experts_per_tok,
     moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers, router_aux_loss_coef."""
@@ -67,10 +68,3 @@ class Qwen3MoeConverter(QwenMoeFamily, Qwen3Converter):
     defaults = {**Qwen3Converter.defaults, "intermediate_size": 6144, "moe_intermediate_size": 768,
                 "num_experts_per_tok": 8, "num_local_experts": 128, "norm_topk_prob": False,
                 "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "qwen3_moe", Qwen3MoeConverter,
-                             summary="Hugging Face Qwen3-MoE <-> decoder_lm (Qwen3 attention, softmax top-k experts, "
-                                     "dense mlp_only_layers)")]

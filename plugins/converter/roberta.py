@@ -12,14 +12,15 @@ asked (``--model-type xlm-roberta``), as roberta otherwise.
 """
 from __future__ import annotations
 
-import seqzoo
 from seqzoo.io.hf import activation_name, first_problem
+from seqzoo.registry import builtin
 
 from .bert import DEFAULTS, BertConverter
 
 ROBERTA = {**DEFAULTS, "vocab_size": 50265, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
 
 
+@builtin("Hugging Face RoBERTa <-> encoder (positions after the pad id, MLM head)")
 class RobertaConverter(BertConverter):
     """BERT's config.json keys; pad_token_id (1) is also the position offset."""
 
@@ -45,6 +46,7 @@ class RobertaConverter(BertConverter):
         return {**super().hf_config(model), "pad_token_id": model.recipe["model"]["padding_idx"]}
 
 
+@builtin("Hugging Face XLM-RoBERTa <-> encoder (RoBERTa's layout)", name="xlm-roberta")
 class XLMRobertaConverter(RobertaConverter):
     """RoBERTa's keys (its transformers config defaults to vocab_size 30522)."""
 
@@ -53,11 +55,3 @@ class XLMRobertaConverter(RobertaConverter):
     masked_lm = "XLMRobertaForMaskedLM"
     defaults = {**ROBERTA, "vocab_size": 30522}
     named_only = True
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "roberta", RobertaConverter,
-                             summary="Hugging Face RoBERTa <-> encoder (positions after the pad id, MLM head)"),
-            seqzoo.Component("converter", "xlm-roberta", XLMRobertaConverter,
-                             summary="Hugging Face XLM-RoBERTa <-> encoder (RoBERTa's layout)")]

@@ -16,10 +16,10 @@ from dataclasses import replace
 
 from torch import nn
 
-import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import layer_pattern
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 from .llama import LlamaConverter
 
@@ -37,6 +37,7 @@ def _spec(kind: Kind) -> dict:
     return {**({} if rope else {"position": "none"}), **({"attention": {"window": window}} if window else {})}
 
 
+@builtin("Hugging Face SmolLM3 <-> decoder_lm (NoPE layers by layer_types)")
 class SmolLM3Converter(LlamaConverter):
     """LLaMA's keys plus no_rope_layers, no_rope_layer_interval (4), use_sliding_window,
     sliding_window and layer_types; rope_theta defaults to 2e6, tie_word_embeddings to true."""
@@ -121,9 +122,3 @@ class SmolLM3Converter(LlamaConverter):
                 "no_rope_layers": [int(p.position.get("kind") != "none") for p in plans],
                 "layer_types": [SLIDING if p.attention.window is not None else FULL for p in plans],
                 "use_sliding_window": window is not None, "sliding_window": window}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "smollm3", SmolLM3Converter,
-                             summary="Hugging Face SmolLM3 <-> decoder_lm (NoPE layers by layer_types)")]

@@ -14,7 +14,6 @@ from collections.abc import Collection
 
 from torch import nn
 
-import seqzoo
 from seqzoo.io.hf import (
     HFConverter,
     Rule,
@@ -30,6 +29,7 @@ from seqzoo.io.hf import (
     special_ids,
     uniform_problem,
 )
+from seqzoo.registry import builtin
 
 DEFAULTS = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
             "num_decoder_layers": None, "num_heads": 8, "relative_attention_num_buckets": 32,
@@ -49,6 +49,7 @@ def _config(config: dict) -> dict:
     return c
 
 
+@builtin("Hugging Face T5 v1.0/v1.1 <-> encoder_decoder (relative buckets)")
 class T5Converter(HFConverter):
     """config.json keys: d_model, d_kv, d_ff, num_layers, num_decoder_layers, num_heads,
     relative_attention_num_buckets, relative_attention_max_distance, feed_forward_proj,
@@ -156,9 +157,3 @@ class T5Converter(HFConverter):
                 "tie_word_embeddings": tied, "scale_decoder_outputs": tied and m["rescale_tied_head"],
                 "decoder_start_token_id": m["decoder_start_id"], "is_encoder_decoder": True,
                 "n_positions": m["max_seq_len"], **special_ids(model)}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("converter", "t5", T5Converter,
-                             summary="Hugging Face T5 v1.0/v1.1 <-> encoder_decoder (relative buckets)")]

@@ -13,12 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import FeedForward
 from seqzoo.nn.linear import Linear
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, Size
 
 
+@builtin("gpt-oss's SwiGLU: clamped gate and input, (u + 1)·g·σ(αg), biases")
 class ClampedSwiGLU(FeedForward):
     """hidden: F (required). alpha: α (1.702). limit: L (7.0). bias: on all three projections
     (true)."""
@@ -48,9 +49,3 @@ class ClampedSwiGLU(FeedForward):
 
     def extra_repr(self) -> str:
         return f"hidden={self.hidden}, alpha={self.alpha}, limit={self.limit}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("ffn", "clamped_swiglu", ClampedSwiGLU,
-                             summary="gpt-oss's SwiGLU: clamped gate and input, (u + 1)·g·σ(αg), biases")]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size
 
 from ._glu import GLU
 
 
+@builtin("gated FFN with a GELU gate (T5 v1.1, Gemma)")
 class GeGLU(GLU):
     """hidden: F (null = int(2·4C/3), scaled by ffn_dim_multiplier, rounded up to multiple_of).
     multiple_of: 1. ffn_dim_multiplier: null. bias: false. approximate: none (exact erf) or tanh
@@ -27,9 +28,3 @@ class GeGLU(GLU):
                  approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
         super().__init__(dim, {"kind": "gelu", "approximate": approximate}, hidden, multiple_of,
                          ffn_dim_multiplier, bias, dropout)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("ffn", "geglu", GeGLU,
-                             summary="gated FFN with a GELU gate (T5 v1.1, Gemma)")]

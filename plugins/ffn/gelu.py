@@ -6,21 +6,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import Probability, Size
 
 from ._mlp import MLP
 
 
+@builtin("two-layer MLP with GELU, exact or tanh (BERT, GPT-2)")
 class GeluFFN(MLP):
     """hidden: F (null = 4·C). bias: true. approximate: none (exact erf) or tanh. dropout: 0."""
 
     def __init__(self, dim: int, hidden: Size | None = None, bias: bool = True,
                  approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
         super().__init__(dim, {"kind": "gelu", "approximate": approximate}, hidden, bias, dropout)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("ffn", "gelu", GeluFFN,
-                             summary="two-layer MLP with GELU, exact or tanh (BERT, GPT-2)")]

@@ -6,12 +6,13 @@ is ReGLU, ``gelu`` GEGLU, ``silu`` SwiGLU (the last two also have their own name
 """
 from __future__ import annotations
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size, Spec
 
 from ._glu import GLU
 
 
+@builtin("gated FFN with any gate activation (Shazeer 2020)")
 class GluFFN(GLU):
     """hidden: F (null = int(2·4C/3), scaled by ffn_dim_multiplier, rounded up to multiple_of).
     activation: the gate's ``activation`` component, by name or ``{kind: NAME, **params}``
@@ -24,9 +25,3 @@ class GluFFN(GLU):
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, activation, hidden, multiple_of, ffn_dim_multiplier, bias, dropout)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("ffn", "glu", GluFFN,
-                             summary="gated FFN with any gate activation (Shazeer 2020)")]

@@ -5,12 +5,13 @@ FFN(x) = W₂ · act(W₁ x + b₁) + b₂.
 """
 from __future__ import annotations
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import Probability, Size, Spec
 
 from ._mlp import MLP
 
 
+@builtin("two-layer MLP with any activation component (CLIP, ViT)")
 class MlpFFN(MLP):
     """hidden: F (null = 4·C). activation: an ``activation`` component by name or
     ``{kind: NAME, **params}`` (gelu). bias: on both layers (true). dropout: after the activation
@@ -20,9 +21,3 @@ class MlpFFN(MLP):
                  activation: Spec["activation"] = "gelu", bias: bool = True,  # noqa: F821
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, activation, hidden, bias, dropout)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("ffn", "mlp", MlpFFN,
-                             summary="two-layer MLP with any activation component (CLIP, ViT)")]

@@ -34,12 +34,14 @@ import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import AuxiliaryLosses, FeedForward, Routing
 from seqzoo.nn.linear import Linear
+from seqzoo.registry import builtin
 from seqzoo.schema import NonNegativeFloat, PositiveFloat, PositiveInt, Spec
 
 from ._experts import StackedExperts
 from ._glu import GLU
 
 
+@builtin("mixture of experts: a router, k of E dense experts, optional shared expert")
 class MixtureOfExperts(FeedForward, AuxiliaryLosses):
     """experts: E (required). top_k: k experts per token (2). expert: each expert's dense ffn, by
     name or ``{kind: NAME, **params}`` (swiglu). router: the ``router`` component (softmax_topk).
@@ -141,9 +143,3 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
     def extra_repr(self) -> str:
         return (f"experts={self.count}, top_k={self.top_k}, routed_scale={self.routed_scale}, "
                 f"capacity_factor={self.capacity_factor}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("ffn", "moe", MixtureOfExperts,
-                             summary="mixture of experts: a router, k of E dense experts, optional shared expert")]

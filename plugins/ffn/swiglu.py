@@ -7,12 +7,13 @@ rounded up to multiple_of — LLaMA-7B (4096, 256) -> 11008; LLaMA-3-8B (4096, 1
 """
 from __future__ import annotations
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size
 
 from ._glu import GLU
 
 
+@builtin("gated FFN with a SiLU gate (LLaMA, Mistral)")
 class SwiGLU(GLU):
     """hidden: F (null = LLaMA's rule). multiple_of: round the derived F up to it (1; LLaMA 256).
     ffn_dim_multiplier: scale the derived F first (null; LLaMA-3 1.3). bias: false. dropout: 0."""
@@ -23,9 +24,3 @@ class SwiGLU(GLU):
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  dropout: Probability = 0.0) -> None:
         super().__init__(dim, "silu", hidden, multiple_of, ffn_dim_multiplier, bias, dropout)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("ffn", "swiglu", SwiGLU,
-                             summary="gated FFN with a SiLU gate (LLaMA, Mistral)")]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import seqzoo
 from seqzoo.nn.attention import AttentionConfig, MultiHeadAttention
 from seqzoo.nn.layers import attention_parts
+from seqzoo.registry import builtin
 from seqzoo.schema import Depth, PositiveFloat, PositiveInt, Probability, Size, Spec
 
 
+@builtin("multi-head attention (MHA/GQA/MQA) with any score and position scheme", aliases=("mha",))
 class AttentionMixer(MultiHeadAttention):
     """heads H (4), kv_heads K (null = H), head_dim D (null = dim // H), score (scaled_dot), bias
     on the projections (true) and out_bias (null = bias), window (null), dropout on the weights
@@ -33,9 +34,3 @@ class AttentionMixer(MultiHeadAttention):
         super().__init__(dim, heads=heads, kv_heads=kv_heads, head_dim=head_dim, bias=bias, out_bias=out_bias,
                          window=window, dropout=dropout, score=score_module, q_norm=q_norm, k_norm=k_norm,
                          qk_norm_scope=qk_norm_scope, softcap=softcap, sinks=sinks)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("mixer", "attention", AttentionMixer, aliases=("mha",),
-                             summary="multi-head attention (MHA/GQA/MQA) with any score and position scheme")]

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import Mixer, MixerContext, MixerState
 from seqzoo.nn.linear import Linear
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 from ._segments import in_segments
@@ -41,6 +41,7 @@ class LinearAttentionState(MixerState):
         self.value = self.value.index_select(0, rows)
 
 
+@builtin("linear attention, elu+1 or identity features, optional RetNet decay", aliases=("retention",))
 class LinearAttention(Mixer):
     """heads: H (required). head_dim: D (null = dim / H). feature_map: elu (elu + 1) or identity.
     decay: null (γ = 1), retnet (γ_h = 1 − 2^(−5−h)) or a list of H values in (0, 1].
@@ -114,9 +115,3 @@ class LinearAttention(Mixer):
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, head_dim={self.head_dim}, feature_map={self.feature_map}, "
                 f"normalize={self.normalize}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("mixer", "linear_attention", LinearAttention, aliases=("retention",),
-                             summary="linear attention, elu+1 or identity features, optional RetNet decay")]

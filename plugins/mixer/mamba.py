@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import Mixer, MixerContext, MixerState, upcast
+from seqzoo.functional import upcast
+from seqzoo.interfaces import Mixer, MixerContext, MixerState
 from seqzoo.nn.linear import Linear
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 from ._segments import in_segments
@@ -54,6 +55,7 @@ def causal_conv(conv1d: nn.Conv1d, u: Tensor, state: MambaState | None) -> Tenso
     return conv1d(window).transpose(1, 2)
 
 
+@builtin("Mamba selective state space: conv, input-dependent Δ, B, C; chunked scan")
 class Mamba(Mixer):
     """state: N, the state features per channel (16). conv: K, the conv kernel (4). expand: E / C (2).
     dt_rank: R (null = ⌈C / 16⌉). bias: biases on in_proj and out_proj (false). conv_bias (true).
@@ -135,9 +137,3 @@ class Mamba(Mixer):
     def extra_repr(self) -> str:
         norm = "" if self.bcdt_norm_eps is None else f", bcdt_norm_eps={self.bcdt_norm_eps}"
         return f"inner={self.inner}, state={self.state_size}, conv={self.kernel}, dt_rank={self.dt_rank}{norm}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("mixer", "mamba", Mamba,
-                             summary="Mamba selective state space: conv, input-dependent Δ, B, C; chunked scan")]

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import Mixer, MixerContext
 from seqzoo.nn.linear import Linear
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 from ._segments import in_segments
@@ -43,6 +43,7 @@ class GatedRMSNorm(nn.Module):
         return self.weight * normed.flatten(-2).to(y.dtype)
 
 
+@builtin("Mamba-2 state-space dual: scalar decay per head, grouped B/C, chunked SSD")
 class Mamba2(Mixer):
     """state: N (128). head_dim: P (64). groups: G, of heads sharing B and C (1). conv: K (4).
     expand: E / C (2). bias: on in_proj/out_proj (false). conv_bias (true). norm_eps: the gated
@@ -118,9 +119,3 @@ class Mamba2(Mixer):
     def extra_repr(self) -> str:
         return (f"inner={self.inner}, heads={self.heads}, head_dim={self.head_dim}, groups={self.groups}, "
                 f"state={self.state_size}, conv={self.kernel}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("mixer", "mamba2", Mamba2,
-                             summary="Mamba-2 state-space dual: scalar decay per head, grouped B/C, chunked SSD")]

@@ -26,9 +26,12 @@ import seqzoo
 from seqzoo.interfaces import Mixer, MixerContext
 from seqzoo.nn.cache import KVSlice
 from seqzoo.nn.linear import Linear
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 
+@builtin("multi-head latent attention: a compressed KV latent cache, absorbed decoding (DeepSeek-V2/V3)",
+         aliases=("latent_attention",))
 class LatentAttention(Mixer):
     """heads: H (required). kv_lora_rank: r, the latent's width (required). q_lora_rank: r_q of the
     low-rank query (null: a full q projection). qk_nope_head_dim: d_n (128 / 4 of DeepSeek-V3's
@@ -117,10 +120,3 @@ class LatentAttention(Mixer):
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, kv_lora_rank={self.rank}, q_lora_rank={self.q_rank}, d_nope={self.nope}, "
                 f"d_rope={self.rope}, d_v={self.value}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("mixer", "mla", LatentAttention, aliases=("latent_attention",),
-                             summary="multi-head latent attention: a compressed KV latent cache, absorbed decoding "
-                                     "(DeepSeek-V2/V3)")]

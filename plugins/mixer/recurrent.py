@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import Mixer, MixerContext, MixerState, RecurrentCell
 from seqzoo.nn.layers import make
 from seqzoo.nn.linear import Linear
+from seqzoo.registry import builtin
 from seqzoo.schema import Size, Spec
 
 
@@ -30,6 +30,7 @@ class CellState(MixerState):
                       else tuple(part.index_select(0, rows) for part in self.value))
 
 
+@builtin("a recurrent cell (rnn, lstm, gru, plugins) run as a layer's token mixer", aliases=("rnn",))
 class RecurrentMixer(Mixer):
     """cell: the recurrent cell (gru). hidden: its state width (null = dim); a projection back to
     dim follows when it differs."""
@@ -77,9 +78,3 @@ class RecurrentMixer(Mixer):
         back_index = (steps - first[:, None]).clamp(min=0)
         out = out.gather(1, back_index[..., None].expand(-1, -1, out.shape[-1]))
         return out * real[..., None].to(out.dtype), final
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("mixer", "recurrent", RecurrentMixer, aliases=("rnn",),
-                             summary="a recurrent cell (rnn, lstm, gru, plugins) run as a layer's token mixer")]

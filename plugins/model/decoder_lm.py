@@ -7,9 +7,9 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import InputError
-from seqzoo.interfaces import LanguageModel, softcap
+from seqzoo.functional import softcap
+from seqzoo.interfaces import LanguageModel
 from seqzoo.nn.attention import AttentionConfig, check_attention
 from seqzoo.nn.blocks import Placement, Residual
 from seqzoo.nn.cache import KVCache
@@ -18,9 +18,11 @@ from seqzoo.nn.init import init_weights
 from seqzoo.nn.layers import build_stack, check_layers
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.losses import linear_cross_entropy
+from seqzoo.registry import builtin
 from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec, Validator
 
 
+@builtin("decoder-only causal LM (GPT-2, LLaMA, Mistral, BLOOM)", aliases=("gpt",))
 class DecoderLM(LanguageModel):
     """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention (see AttentionConfig),
     ffn (default gelu; null: layers without one, as Mamba's), position (default learned), norm
@@ -120,9 +122,3 @@ class DecoderLM(LanguageModel):
                              f"every token; decode it eagerly (compile=False)")
         return CausalSession(self, input_ids, max_new_tokens, use_cache, attention_mask,
                              static=static, compile=compile)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("model", "decoder_lm", DecoderLM, aliases=("gpt",),
-                             summary="decoder-only causal LM (GPT-2, LLaMA, Mistral, BLOOM)")]

@@ -13,11 +13,13 @@ from seqzoo.nn.attention import AttentionConfig, check_attention
 from seqzoo.nn.blocks import Placement, Residual
 from seqzoo.nn.init import init_weights
 from seqzoo.nn.layers import build_stack, check_layers
+from seqzoo.registry import builtin
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, SchemaError, Size, Spec, Validator
 
 from ._mlm_head import MaskedLMHead, MaskedLMHeadConfig
 
 
+@builtin("bidirectional encoder with token types and pooler (BERT)", aliases=("bert",))
 class Encoder(MaskedLanguageModel):
     """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention, ffn (gelu), position
     (learned), norm (layernorm), placement (post), type_vocab_size (token types; 2, 0 = none),
@@ -136,9 +138,3 @@ class Encoder(MaskedLanguageModel):
         if self.pooler is None:
             raise seqzoo.InputError("this encoder was built with pooler: false; it has no pooled output")
         return torch.tanh(self.pooler(hidden[:, 0]))
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("model", "encoder", Encoder, aliases=("bert",),
-                             summary="bidirectional encoder with token types and pooler (BERT)")]

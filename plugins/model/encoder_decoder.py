@@ -17,9 +17,11 @@ from seqzoo.nn.init import init_weights
 from seqzoo.nn.layers import build_stack
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.losses import linear_cross_entropy
+from seqzoo.registry import builtin
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, Size, Spec, Validator
 
 
+@builtin("encoder–decoder Transformer with cross-attention (Vaswani 2017, T5)", aliases=("seq2seq_transformer",))
 class EncoderDecoder(LanguageModel):
     """Recipe keys: vocab_size V (shared by source and target), dim C, encoder_layers,
     decoder_layers, max_seq_len, attention (self- and cross-attention), ffn (relu), position
@@ -138,9 +140,3 @@ class Seq2SeqSession:
             self.src_mask = self.src_mask.index_select(0, rows)
         if self.cache is not None:
             self.cache.reorder(rows)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("model", "encoder_decoder", EncoderDecoder, aliases=("seq2seq_transformer",),
-                             summary="encoder–decoder Transformer with cross-attention (Vaswani 2017, T5)")]

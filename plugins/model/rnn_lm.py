@@ -19,9 +19,11 @@ from seqzoo.nn.init import init_weights
 from seqzoo.nn.layers import cell_factory
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.recurrent import RecurrentStack
+from seqzoo.registry import builtin
 from seqzoo.schema import Depth, PositiveFloat, Probability, SchemaError, Size, Spec
 
 
+@builtin("recurrent LM / sequence classifier / regressor (LSTM, GRU, RNN)")
 class RNNLM(LanguageModel):
     """Recipe keys: vocab_size V, dim (embedding width E), hidden (state width), layers (1),
     cell (lstm), dropout (embedding, inter-layer and output; 0), head (lm | last | mean |
@@ -139,9 +141,3 @@ def _masked_mean(hidden: Tensor, lengths: Tensor | None) -> Tensor:
     steps = torch.arange(hidden.shape[1], device=hidden.device)[None]
     real = (steps < lengths.to(hidden.device)[:, None]).to(hidden.dtype)  # (B, T)
     return (hidden * real[..., None]).sum(1) / real.sum(1, keepdim=True).clamp(min=1)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("model", "rnn_lm", RNNLM,
-                             summary="recurrent LM / sequence classifier / regressor (LSTM, GRU, RNN)")]

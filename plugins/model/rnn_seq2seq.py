@@ -27,9 +27,11 @@ from seqzoo.nn.init import init_weights
 from seqzoo.nn.layers import cell_factory
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.recurrent import RecurrentStack
+from seqzoo.registry import builtin
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, SchemaError, Size, Spec, UnitInterval
 
 
+@builtin("recurrent encoder–decoder, optional Bahdanau/Luong attention")
 class RNNSeq2Seq(LanguageModel):
     """Recipe keys: vocab_size V (shared by source and target), dim (embedding width E), hidden
     (state width H), layers (encoder and decoder; 1), cell (gru), bidirectional (encoder; false),
@@ -216,9 +218,3 @@ class RecurrentSeq2SeqSession:
         self.initial = RecurrentStack.reorder_state(self.initial, rows)
         self.state = RecurrentStack.reorder_state(self.state, rows)
         self.weights = [w.index_select(0, rows) for w in self.weights]
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("model", "rnn_seq2seq", RNNSeq2Seq,
-                             summary="recurrent encoder–decoder, optional Bahdanau/Luong attention")]

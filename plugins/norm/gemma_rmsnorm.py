@@ -9,11 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
-from seqzoo.interfaces import Norm, upcast
+from seqzoo.functional import upcast
+from seqzoo.interfaces import Norm
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
+@builtin("RMSNorm scaled by (1 + w), w zero-initialised, in float32 (Gemma)", aliases=("rmsnorm_unit_offset",))
 class GemmaRMSNorm(Norm):
     """eps: inside the root (1e-6, Gemma's rms_norm_eps)."""
 
@@ -28,9 +30,3 @@ class GemmaRMSNorm(Norm):
         """x (..., C) -> (..., C)."""
         normed = F.rms_norm(upcast(x), (self.dim,), eps=self.eps)
         return (normed * (1.0 + upcast(self.weight))).to(x.dtype)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("norm", "gemma_rmsnorm", GemmaRMSNorm, aliases=("rmsnorm_unit_offset",),
-                             summary="RMSNorm scaled by (1 + w), w zero-initialised, in float32 (Gemma)")]

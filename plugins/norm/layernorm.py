@@ -6,11 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.interfaces import Norm
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
+@builtin("LayerNorm: mean/variance normalisation with gain and bias", aliases=("ln",))
 class LayerNorm(Norm):
     """eps: added to the variance (1e-5; BERT 1e-12). bias: learn β (true)."""
 
@@ -23,9 +24,3 @@ class LayerNorm(Norm):
     def forward(self, x: Tensor) -> Tensor:
         """x (..., C) -> (..., C)."""
         return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("norm", "layernorm", LayerNorm, aliases=("ln",),
-                             summary="LayerNorm: mean/variance normalisation with gain and bias")]

@@ -9,11 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
-from seqzoo.interfaces import Norm, upcast
+from seqzoo.functional import upcast
+from seqzoo.interfaces import Norm
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
+@builtin("RMSNorm: root-mean-square scaling, weight only (LLaMA, T5)", aliases=("rms",))
 class RMSNorm(Norm):
     """eps: inside the root (1e-6; LLaMA-2 and Mistral use 1e-5)."""
 
@@ -28,9 +30,3 @@ class RMSNorm(Norm):
             return F.rms_norm(x, (self.dim,), self.weight, self.eps)  # one fused kernel
         normed = F.rms_norm(upcast(x), (self.dim,), eps=self.eps).to(x.dtype)
         return normed * self.weight
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("norm", "rmsnorm", RMSNorm, aliases=("rms",),
-                             summary="RMSNorm: root-mean-square scaling, weight only (LLaMA, T5)")]

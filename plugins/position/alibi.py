@@ -15,8 +15,8 @@ import math
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import PositionBias
+from seqzoo.registry import builtin
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -34,6 +34,7 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return q_pos[:, :, None] - k_pos[:, None, :]
 
 
+@builtin("per-head linear distance bias −m_h·|i−j|, no embeddings (Press 2022)")
 class Alibi(PositionBias):
     """Linear distance penalties per head; no recipe parameters and no learned weights.
 
@@ -51,9 +52,3 @@ class Alibi(PositionBias):
         slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_pos.device)  # (H,)
         distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
         return -slopes[:, None, None] * distance[:, None]
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("position", "alibi", Alibi,
-                             summary="per-head linear distance bias −m_h·|i−j|, no embeddings (Press 2022)")]

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.interfaces import PositionScheme
+from seqzoo.registry import builtin
 
 
+@builtin("trainable absolute position table (GPT-2, BERT)", aliases=("absolute",))
 class LearnedPosition(PositionScheme):
     """E_pos ∈ R^{max_seq_len × C}, added to token embeddings. No recipe parameters."""
 
@@ -21,9 +22,3 @@ class LearnedPosition(PositionScheme):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (B, T, C) + E_pos[positions (B|1, T)]."""
         return x + self.table(positions)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("position", "learned", LearnedPosition, aliases=("absolute",),
-                             summary="trainable absolute position table (GPT-2, BERT)")]

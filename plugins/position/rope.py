@@ -14,7 +14,9 @@ from torch import Tensor
 
 import seqzoo
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import PositionScheme, upcast
+from seqzoo.functional import upcast
+from seqzoo.interfaces import PositionScheme
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt, Spec
 
 
@@ -41,6 +43,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
+@builtin("rotary q/k rotation, rotate-half or interleaved (Su 2021)", aliases=("rotary",))
 class Rope(PositionScheme):
     """base: ω base (10000; LLaMA-3 500000). rotary_dim: d_r, dims rotated per head (null = head
     dim; must be even). interleaved: pair (2k, 2k+1) instead of (k, k + d_r/2). scaling: a
@@ -87,9 +90,3 @@ class Rope(PositionScheme):
         if k_pos is not q_pos:
             cos, sin = self.angles(k_pos)
         return q, rotate(k, cos, sin, self.interleaved)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("position", "rope", Rope, aliases=("rotary",),
-                             summary="rotary q/k rotation, rotate-half or interleaved (Su 2021)")]

@@ -13,11 +13,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.interfaces import PositionScheme
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 
+@builtin("clipped learned relative key embeddings, q·a_ij bias (Shaw 2018)")
 class ShawRelative(PositionScheme):
     """Learned clipped relative key embeddings w_r ∈ R^D for r ∈ [−k, k], shared across heads.
 
@@ -44,9 +45,3 @@ class ShawRelative(PositionScheme):
         b, h, t, _ = q.shape
         index = index[:, None].expand(b, h, t, index.shape[-1])  # (B, H, T, S)
         return per_offset.gather(-1, index)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("position", "shaw", ShawRelative,
-                             summary="clipped learned relative key embeddings, q·a_ij bias (Shaw 2018)")]

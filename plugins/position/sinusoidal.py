@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import PositionScheme
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
@@ -22,6 +22,7 @@ def sinusoid_table(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor
     return table[..., :dim]
 
 
+@builtin("fixed sin/cos absolute positions, interleaved (Vaswani 2017)")
 class Sinusoidal(PositionScheme):
     """base: the wavelength base (default 10000)."""
 
@@ -33,9 +34,3 @@ class Sinusoidal(PositionScheme):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (B, T, C) + PE[positions (B|1, T)]."""
         return x + sinusoid_table(positions, self.dim, self.base).to(x.dtype)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("position", "sinusoidal", Sinusoidal,
-                             summary="fixed sin/cos absolute positions, interleaved (Vaswani 2017)")]

@@ -18,9 +18,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import PositionBias
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 
@@ -44,6 +44,7 @@ def relative_bucket(relative_position: Tensor, *, bidirectional: bool, num_bucke
     return offset + torch.where(n < max_exact, n, log_bucket)
 
 
+@builtin("learned per-head bias over log-spaced distance buckets (Raffel 2020)")
 class T5RelativeBias(PositionBias):
     """A learned per-head scalar for each bucket of relative distance, one table per stack.
 
@@ -76,9 +77,3 @@ class T5RelativeBias(PositionBias):
         buckets = relative_bucket(relative, bidirectional=not self.causal,
                                   num_buckets=self.num_buckets, max_distance=self.max_distance)
         return self.table(buckets).permute(0, 3, 1, 2)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("position", "t5", T5RelativeBias,
-                             summary="learned per-head bias over log-spaced distance buckets (Raffel 2020)")]

@@ -19,11 +19,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.interfaces import PositionScheme
 from seqzoo.plugins.position.sinusoidal import sinusoid_table
+from seqzoo.registry import builtin
 
 
+@builtin("Transformer-XL relative sinusoid with learned u, v biases (Dai 2019)", aliases=("transformer_xl",))
 class TransformerXLRelative(PositionScheme):
     """Sinusoidal relative distances projected per head, plus learned biases u (content) and v
     (position). No recipe parameters.
@@ -62,9 +63,3 @@ class TransformerXLRelative(PositionScheme):
         b, h, t, _ = q.shape
         index = (distance - low)[:, None].expand(b, h, t, distance.shape[-1])  # (B, H, T, S)
         return per_distance.gather(-1, index)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("position", "xl", TransformerXLRelative, aliases=("transformer_xl",),
-                             summary="Transformer-XL relative sinusoid with learned u, v biases (Dai 2019)")]

@@ -17,13 +17,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import RopeScaling
 from seqzoo.plugins.position.rope import rope_inv_freq
 from seqzoo.plugins.rope_scaling.ntk import check_rotary_dim
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 
+@builtin("NTK base sized to the current length past L (emozilla; HF dynamic)")
 class DynamicNTKScaling(RopeScaling):
     """Base raised with the current length once it exceeds L.
 
@@ -58,9 +59,3 @@ class DynamicNTKScaling(RopeScaling):
 
     def extra_repr(self) -> str:
         return f"factor={self.factor}, original_max_seq_len={self.original_max_seq_len}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("rope_scaling", "dynamic", DynamicNTKScaling,
-                             summary="NTK base sized to the current length past L (emozilla; HF dynamic)")]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import RopeScaling
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
+@builtin("position interpolation ω/s (Chen et al. 2023; HF linear)")
 class LinearScaling(RopeScaling):
     """ω'_k = ω_k / factor.
 
@@ -35,9 +36,3 @@ class LinearScaling(RopeScaling):
 
     def extra_repr(self) -> str:
         return f"factor={self.factor}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("rope_scaling", "linear", LinearScaling,
-                             summary="position interpolation ω/s (Chen et al. 2023; HF linear)")]

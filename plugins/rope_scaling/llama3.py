@@ -15,12 +15,13 @@ import math
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import RopeScaling
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 
+@builtin("Llama 3.1 wavelength bands: keep, blend, divide by s (HF llama3)")
 class Llama3Scaling(RopeScaling):
     """Piecewise by wavelength; defaults are Llama 3.1's (use them with ``base: 500000``).
 
@@ -59,9 +60,3 @@ class Llama3Scaling(RopeScaling):
         return (f"factor={self.factor}, low_freq_factor={self.low_freq_factor}, "
                 f"high_freq_factor={self.high_freq_factor}, "
                 f"original_max_seq_len={self.original_max_seq_len}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("rope_scaling", "llama3", Llama3Scaling,
-                             summary="Llama 3.1 wavelength bands: keep, blend, divide by s (HF llama3)")]

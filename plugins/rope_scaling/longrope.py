@@ -24,12 +24,13 @@ import math
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import RopeScaling
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 
+@builtin("per-pair short/long frequency divisors switched at L (Ding 2024; HF longrope)")
 class LongRopeScaling(RopeScaling):
     """Per-pair frequency divisors, a short list within L and a long one beyond it.
 
@@ -94,9 +95,3 @@ class LongRopeScaling(RopeScaling):
     def extra_repr(self) -> str:
         return (f"pairs={len(self.short_factor)}, original_max_seq_len={self.original_max_seq_len}, "
                 f"factor={self.factor}, attention_factor={self.attention_factor}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("rope_scaling", "longrope", LongRopeScaling,
-                             summary="per-pair short/long frequency divisors switched at L (Ding 2024; HF longrope)")]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import RopeScaling
 from seqzoo.plugins.position.rope import rope_inv_freq
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
@@ -25,6 +25,7 @@ def check_rotary_dim(name: str, rotary_dim: int) -> None:
             f"b·s^(d_r/(d_r−2)) needs rotary_dim >= 4; use linear scaling or a larger rotary_dim")
 
 
+@builtin("static NTK-aware base change b·s^(d/(d−2)) (bloc97)")
 class NTKScaling(RopeScaling):
     """b' = b · factor^(d_r/(d_r − 2)); frequencies recomputed from b'.
 
@@ -46,9 +47,3 @@ class NTKScaling(RopeScaling):
 
     def extra_repr(self) -> str:
         return f"factor={self.factor}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("rope_scaling", "ntk", NTKScaling,
-                             summary="static NTK-aware base change b·s^(d/(d−2)) (bloc97)")]

@@ -16,9 +16,9 @@ import math
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import RopeScaling
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 
@@ -45,6 +45,7 @@ def find_correction_range(beta_fast: float, beta_slow: float, rotary_dim: int, b
     return max(low, 0), min(high, rotary_dim - 1)
 
 
+@builtin("YaRN ramp between ω and ω/s plus attention temperature (Peng 2023)")
 class YarnScaling(RopeScaling):
     """YaRN: keep fast pairs, interpolate slow ones, ramp in between, and sharpen the softmax.
 
@@ -125,9 +126,3 @@ class YarnScaling(RopeScaling):
         return (f"factor={self.factor}, original_max_seq_len={self.original_max_seq_len}, "
                 f"beta_fast={self.beta_fast}, beta_slow={self.beta_slow}, "
                 f"attention_factor={self.attention_factor:.4f}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("rope_scaling", "yarn", YarnScaling,
-                             summary="YaRN ramp between ω and ω/s plus attention temperature (Peng 2023)")]

@@ -18,12 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import Router, Routing, upcast
+from seqzoo.functional import upcast
+from seqzoo.interfaces import Router, Routing
+from seqzoo.registry import builtin
 from seqzoo.schema import NonNegativeFloat, PositiveInt
 
 
+@builtin("sigmoid scores, selection-only bias, group-limited top-k (DeepSeek-V3)")
 class SigmoidGrouped(Router):
     """groups: G expert groups (1: no group limit). topk_groups: the groups kept per token (null =
     all). normalize: divide the k weights by their sum (true). bias_update: γ of the load-balancing
@@ -81,9 +83,3 @@ class SigmoidGrouped(Router):
     def extra_repr(self) -> str:
         return (f"experts={self.experts}, top_k={self.top_k}, groups={self.groups}, "
                 f"topk_groups={self.topk_groups}, normalize={self.normalize}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("router", "sigmoid_grouped", SigmoidGrouped,
-                             summary="sigmoid scores, selection-only bias, group-limited top-k (DeepSeek-V3)")]

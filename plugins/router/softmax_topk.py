@@ -12,10 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
-from seqzoo.interfaces import Router, Routing, upcast
+from seqzoo.functional import upcast
+from seqzoo.interfaces import Router, Routing
+from seqzoo.registry import builtin
 
 
+@builtin("softmax over experts, top-k, optionally renormalised (Mixtral, Qwen-MoE)", aliases=("softmax",))
 class SoftmaxTopK(Router):
     """normalize: renormalise the k chosen probabilities to sum to 1 (true). bias: a bias on the
     router's projection (false)."""
@@ -46,9 +48,3 @@ class SoftmaxTopK(Router):
 
     def extra_repr(self) -> str:
         return f"experts={self.experts}, top_k={self.top_k}, normalize={self.normalize}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("router", "softmax_topk", SoftmaxTopK, aliases=("softmax",),
-                             summary="softmax over experts, top-k, optionally renormalised (Mixtral, Qwen-MoE)")]

@@ -9,10 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
-from seqzoo.interfaces import Router, Routing, upcast
+from seqzoo.functional import upcast
+from seqzoo.interfaces import Router, Routing
+from seqzoo.registry import builtin
 
 
+@builtin("top-k logits, then a softmax over the chosen (gpt-oss)")
 class TopKSoftmax(Router):
     """bias: a bias on the router's projection (true, as gpt-oss)."""
 
@@ -38,9 +40,3 @@ class TopKSoftmax(Router):
 
     def extra_repr(self) -> str:
         return f"experts={self.experts}, top_k={self.top_k}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("router", "topk_softmax", TopKSoftmax,
-                             summary="top-k logits, then a softmax over the chosen (gpt-oss)")]

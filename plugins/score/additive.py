@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-import seqzoo
 from seqzoo.interfaces import ScoreFunction
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt, Size
 
 
@@ -31,6 +31,7 @@ def _chunk_logits(q_proj: Tensor, k_proj: Tensor, v: Tensor) -> Tensor:
     return torch.einsum("bhtsa,ha->bhts", torch.tanh(q_proj[:, :, :, None] + k_proj[:, :, None]), v)
 
 
+@builtin("Bahdanau vᵀtanh(W_q q + W_k k + b) per head, chunked over queries")
 class Additive(ScoreFunction):
     """vᵀ tanh(W_q q + W_k k + b), per head.
 
@@ -78,9 +79,3 @@ class Additive(ScoreFunction):
             else:
                 chunks.append(_chunk_logits(q_chunk, k_proj, v))
         return torch.cat(chunks, dim=2) if len(chunks) > 1 else chunks[0]  # (B, H, T, S)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("score", "additive", Additive,
-                             summary="Bahdanau vᵀtanh(W_q q + W_k k + b) per head, chunked over queries")]

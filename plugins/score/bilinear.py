@@ -11,11 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.plugins.score.scaled_dot import ScaledDot
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
+@builtin("Luong general qᵀWk, learnable W per head, folded into q for SDPA")
 class Bilinear(ScaledDot):
     """scale · qᵀ W k with a learnable W of shape (H, query_dim, key_dim).
 
@@ -50,9 +51,3 @@ class Bilinear(ScaledDot):
         mask boolean (B|1, H|1, T, S), True = may attend; bias additive (B|1, H|1, T, S).
         """
         return super().attend(self.fold(q), k, v, mask=mask, bias=bias, causal=causal, dropout=dropout)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("score", "bilinear", Bilinear,
-                             summary="Luong general qᵀWk, learnable W per head, folded into q for SDPA")]

@@ -15,14 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.plugins.score.scaled_dot import ScaledDot
+from seqzoo.registry import builtin
 
 # The clamp on ℓ: the temperature τ = exp(−ℓ) never drops below 0.01.
 MAX_LOG_SCALE = math.log(100.0)
 
 
+@builtin("cosine similarity × learned per-head temperature (Swin V2), fused SDPA")
 class Cosine(ScaledDot):
     """cos(q, k) · exp(clamp(ℓ, max=ln 100)) with ℓ (H, 1, 1) learnable, initialised to ln 10.
 
@@ -59,9 +60,3 @@ class Cosine(ScaledDot):
         q = F.normalize(q, dim=-1) * self.inverse_temperature(q.dtype)
         return super().attend(q, F.normalize(k, dim=-1), v, mask=mask, bias=bias, causal=causal,
                               dropout=dropout)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("score", "cosine", Cosine,
-                             summary="cosine similarity × learned per-head temperature (Swin V2), fused SDPA")]

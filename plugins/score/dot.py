@@ -7,12 +7,13 @@ subclasses it), so only the default scale differs.
 """
 from __future__ import annotations
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.plugins.score.scaled_dot import ScaledDot
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
+@builtin("Luong dot q·k, unscaled by default (T5), fused SDPA kernel")
 class Dot(ScaledDot):
     """scale · q·k, fused.
 
@@ -28,9 +29,3 @@ class Dot(ScaledDot):
                 f"equal sizes); use score 'bilinear' for different query and key sizes"
             )
         super().__init__(query_dim, key_dim, heads, scale=scale)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("score", "dot", Dot,
-                             summary="Luong dot q·k, unscaled by default (T5), fused SDPA kernel")]

@@ -10,12 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import ScoreFunction, causal_mask, default_scale, masked_softmax_attend
+from seqzoo.functional import causal_mask, default_scale, masked_softmax_attend
+from seqzoo.interfaces import ScoreFunction
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
 
+@builtin("q·k/√D, fused scaled_dot_product_attention kernel (Vaswani 2017)", aliases=("sdpa",))
 class ScaledDot(ScoreFunction):
     """q·k / √D.
 
@@ -61,9 +63,3 @@ class ScaledDot(ScoreFunction):
             # Rows that see no key are zeros on every backend (some kernels return NaN there).
             out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         return out
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("score", "scaled_dot", ScaledDot, aliases=("sdpa",),
-                             summary="q·k/√D, fused scaled_dot_product_attention kernel (Vaswani 2017)")]

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import random
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import Task
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 
+@builtin("multi-digit addition (123+45 -> 168)")
 class AddTask(Task):
     """min_len/max_len: digits per operand for training (1, 3). eval_min_len/eval_max_len: digits
     for held-out examples (null = training ones)."""
@@ -29,8 +30,3 @@ class AddTask(Task):
     def example(self, rng: random.Random, split: str = "train") -> tuple[str, str]:
         a, b = self._number(rng, split), self._number(rng, split)
         return f"{a}+{b}", str(a + b)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "add", AddTask, summary="multi-digit addition (123+45 -> 168)")]

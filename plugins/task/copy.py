@@ -1,12 +1,13 @@
 """Synthetic task `copy`: the answer is the string itself."""
 from __future__ import annotations
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 from ._strings import StringTask
 
 
+@builtin("copy a string (abc -> abc)")
 class CopyTask(StringTask):
     """min_len/max_len: training lengths (1, 8). eval_min_len/eval_max_len: held-out lengths (null
     = training ones). alphabet: characters to draw from (a–z)."""
@@ -20,8 +21,3 @@ class CopyTask(StringTask):
 
     def answer(self, text: str) -> str:
         return text
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "copy", CopyTask, summary="copy a string (abc -> abc)")]

@@ -20,9 +20,9 @@ import random
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import IGNORE, Tokenizer, TokenTask
+from seqzoo.registry import builtin
 from seqzoo.schema import NonNegativeInt, PositiveInt
 
 
@@ -48,6 +48,7 @@ def allowed_pairs(pairs: list[int], row: int, curriculum: int) -> list[int]:
     return pairs[:min(len(pairs), 1 + len(pairs) * row // curriculum)]
 
 
+@builtin("multi-query associative recall: N key-value pairs, then every key asked again")
 class MQARTask(TokenTask):
     """pairs: the numbers of key–value pairs N a batch draws from ([4, 8, 16, 32]). keys: how many
     distinct keys there are, and as many values (64). first: the first key id (3); keys and values
@@ -87,9 +88,3 @@ class MQARTask(TokenTask):
             for first in range(0, rows, batch_size):
                 ids, labels = mqar_rows(min(batch_size, rows - first), pairs, self.keys, self.first, generator)
                 yield f"N={pairs}", {"ids": ids, "labels": labels}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "mqar", MQARTask,
-                             summary="multi-query associative recall: N key-value pairs, then every key asked again")]

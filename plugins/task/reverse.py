@@ -1,12 +1,13 @@
 """Synthetic task `reverse`: the answer is the string reversed."""
 from __future__ import annotations
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 from ._strings import StringTask
 
 
+@builtin("reverse a string (abc -> cba)")
 class ReverseTask(StringTask):
     """min_len/max_len: training lengths (1, 8). eval_min_len/eval_max_len: held-out lengths (null
     = training ones). alphabet: characters to draw from (a–z)."""
@@ -20,8 +21,3 @@ class ReverseTask(StringTask):
 
     def answer(self, text: str) -> str:
         return text[::-1]
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "reverse", ReverseTask, summary="reverse a string (abc -> cba)")]

@@ -1,12 +1,13 @@
 """Synthetic task `sort`: the answer is its characters sorted."""
 from __future__ import annotations
 
-import seqzoo
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 from ._strings import StringTask
 
 
+@builtin("sort a string's characters (cab -> abc)")
 class SortTask(StringTask):
     """min_len/max_len: training lengths (1, 8). eval_min_len/eval_max_len: held-out lengths (null
     = training ones). alphabet: characters to draw from (a–z)."""
@@ -20,8 +21,3 @@ class SortTask(StringTask):
 
     def answer(self, text: str) -> str:
         return "".join(sorted(text))
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "sort", SortTask, summary="sort a string's characters (cab -> abc)")]

@@ -11,12 +11,13 @@ import random
 import warnings
 from pathlib import Path
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import Task
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt, Probability
 
 
+@builtin("language modelling on a local text file, train/validation split")
 class TextTask(Task):
     """path: a text file, or a folder whose ``*.txt`` files (sorted, recursively) are joined
     (required). window: characters per example (128). validation: the fraction held out at the
@@ -61,9 +62,3 @@ def _read_utf8(file: Path) -> str:
     warnings.warn(f"task text: {file}: {bad:,} byte(s) are not UTF-8 (the first at byte offset {first:,}); each "
                   f"was replaced by U+FFFD", stacklevel=2)
     return data.decode("utf-8", errors="replace")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "text", TextTask,
-                             summary="language modelling on a local text file, train/validation split")]

@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import Tokenizer, TokenTask
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 
+@builtin("language modelling on prepared token shards (seqzoo data prepare)")
 class TokensTask(TokenTask):
     """path: a folder written by ``seqzoo data prepare`` (required). seq_len: input tokens per row T
     (256). document_mask: keep packed documents from attending to each other (false).
@@ -112,9 +113,3 @@ def _recipe_spec(spec: dict, folder: str) -> str:
     if spec.get("kind") == "hf":
         spec = {**spec, "path": f"{folder.rstrip('/')}/tokenizer.json"}
     return "{" + ", ".join(f"{k}: {v}" for k, v in spec.items()) + "}"
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "tokens", TokensTask,
-                             summary="language modelling on prepared token shards (seqzoo data prepare)")]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import Task
+from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
 NOUNS = {"cat": "kato", "dog": "hundo", "bird": "birdo", "fish": "fiso", "child": "infano",
@@ -23,6 +23,7 @@ ARTICLES = {"the": "la", "a": None}
 CONJUNCTION = ("and", "kaj")
 
 
+@builtin("toy translation: an invented SOV language with a fixed lexicon")
 class TranslateTask(Task):
     """min_len/max_len: clauses per training sentence (1, 2). eval_min_len/eval_max_len: clauses
     per held-out sentence (null = training ones)."""
@@ -54,9 +55,3 @@ class TranslateTask(Task):
             source += subject_src + [verb] + object_src
             target += subject_tgt + object_tgt + [VERBS[verb]]
         return " ".join(source), " ".join(target)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("task", "translate", TranslateTask,
-                             summary="toy translation: an invented SOV language with a fixed lexicon")]

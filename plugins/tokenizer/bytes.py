@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-import seqzoo
 from seqzoo.errors import InputError
 from seqzoo.interfaces import Tokenizer
+from seqzoo.registry import builtin
 
 
+@builtin("UTF-8 bytes plus pad/bos/eos ids (259 ids, no vocabulary file)")
 class BytesTokenizer(Tokenizer):
     """259 ids: 256 bytes, pad=256, bos=257, eos=258. No recipe parameters."""
 
@@ -80,9 +81,3 @@ class BytesTokenizer(Tokenizer):
                   "split_special_tokens": True, "clean_up_tokenization_spaces": False}
         return {"tokenizer.json": backend.to_str(pretty=True) + "\n",
                 "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("tokenizer", "bytes", BytesTokenizer,
-                             summary="UTF-8 bytes plus pad/bos/eos ids (259 ids, no vocabulary file)")]

@@ -10,15 +10,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import seqzoo
 from seqzoo.errors import InputError
 from seqzoo.interfaces import Tokenizer
+from seqzoo.registry import builtin
 from seqzoo.schema import NonNegativeInt
 
 #: The special tokens that masked-LM tokenizers mask with, in the order they are looked for.
 MASK_TOKENS = ("[MASK]", "<mask>")
 
 
+@builtin("Hugging Face tokenizers from a tokenizer.json (BPE, WordPiece, ...)", aliases=("huggingface",))
 class HFTokenizer(Tokenizer):
     """path: a tokenizer.json (or the folder holding one); null for a model imported without one
     (then only token ids work). bos_id, eos_id, pad_id: the special ids (config.json's
@@ -126,9 +127,3 @@ class HFTokenizer(Tokenizer):
     def token(self, token_id: int | None) -> str | None:
         """The text of one token id (None for None or an unknown id)."""
         return None if token_id is None else self.tokenizer.id_to_token(token_id)
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("tokenizer", "hf", HFTokenizer, aliases=("huggingface",),
-                             summary="Hugging Face tokenizers from a tokenizer.json (BPE, WordPiece, ...)")]

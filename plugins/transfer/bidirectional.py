@@ -15,10 +15,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import seqzoo
 from seqzoo.interfaces import TransferRule
+from seqzoo.registry import builtin
 
 
+@builtin("decoder -> bidirectional encoder on the same layers (LLM2Vec)")
 class BidirectionalTransfer(TransferRule):
     """Claims ``kind`` decoder_lm → encoder and the keys one kind has and the other lacks."""
 
@@ -48,9 +49,3 @@ class BidirectionalTransfer(TransferRule):
         both = new(probe)
         return {"hidden-state change, last token": (causal[:, -1] - both[:, -1]).abs().max().item(),
                 "hidden-state change, earlier tokens": (causal[:, :-1] - both[:, :-1]).abs().max().item()}
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "bidirectional", BidirectionalTransfer,
-                             summary="decoder -> bidirectional encoder on the same layers (LLM2Vec)")]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import torch
 
-import seqzoo
 from seqzoo.interfaces import TransferRule
+from seqzoo.registry import builtin
 
 from ._layers import block
 
 
+@builtin("more or fewer layers: each new layer a copy of an old one (depth up-scaling)")
 class DepthTransfer(TransferRule):
     """Claims ``layers`` of a uniform decoder (no pattern)."""
 
@@ -29,9 +30,3 @@ class DepthTransfer(TransferRule):
                     new_state[name].copy_(old_state[block(source) + name[len(block(i)):]])
                 made[name] = f"copy of layer {source}"
         return made
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "depth", DepthTransfer,
-                             summary="more or fewer layers: each new layer a copy of an old one (depth up-scaling)")]

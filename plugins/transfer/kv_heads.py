@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-import seqzoo
 from seqzoo.interfaces import TransferRule
+from seqzoo.registry import builtin
 
 from ._layers import block
 
@@ -22,6 +22,7 @@ def _pool(rows: torch.Tensor, heads: int, groups: int) -> torch.Tensor:
     return rows.reshape(groups, heads // groups, d, *rows.shape[1:]).mean(1).reshape(groups * d, *rows.shape[1:])
 
 
+@builtin("MHA -> GQA -> MQA: each new K/V head the mean of the heads it replaces")
 class KVHeadsTransfer(TransferRule):
     """Claims attention.kv_heads in a decoder when the new count divides the old one."""
 
@@ -66,9 +67,3 @@ def _expand(rows: torch.Tensor, heads: int, back_to: int) -> torch.Tensor:
     d = rows.shape[0] // heads
     return rows.reshape(heads, d, *rows.shape[1:]).repeat_interleave(back_to // heads, 0).reshape(
         back_to * d, *rows.shape[1:])
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "kv_heads", KVHeadsTransfer,
-                             summary="MHA -> GQA -> MQA: each new K/V head the mean of the heads it replaces")]

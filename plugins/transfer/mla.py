@@ -31,9 +31,9 @@ import json
 
 import torch
 
-import seqzoo
 from seqzoo.errors import InputError
 from seqzoo.interfaces import TransferRule
+from seqzoo.registry import builtin
 
 from ._layers import block, kind_of
 
@@ -53,6 +53,7 @@ def rotary_rows(rotated: int, kept: int, interleaved: bool, new_interleaved: boo
     return order
 
 
+@builtin("MHA/GQA -> latent attention: partial RoPE, a shared rotary key, SVD of the K/V projections")
 class MLATransfer(TransferRule):
     """Claims ``model.mixer`` from attention to ``mla``, and the ``model.position`` base and
     rotary_dim it needs."""
@@ -158,10 +159,3 @@ class MLATransfer(TransferRule):
 
 def _refuse(key: str, fix: str) -> bool:
     raise InputError(f"edit: {key}: {fix}")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "mla", MLATransfer,
-                             summary="MHA/GQA -> latent attention: partial RoPE, a shared rotary key, "
-                                     "SVD of the K/V projections")]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import seqzoo
 from seqzoo.interfaces import TransferRule
 from seqzoo.nn.layers import layer_plan
+from seqzoo.registry import builtin
 
 from ._layers import kind_of, under
 
@@ -20,6 +20,7 @@ from ._layers import kind_of, under
 WEIGHTLESS = ("rope", "alibi", "sinusoidal", "none")
 
 
+@builtin("RoPE base or scaling, NoPE layers: the same weights, other positions")
 class RopeTransfer(TransferRule):
     """Claims position changes between weightless schemes — of the model, of layer types, or a
     new pattern of layer types that differ in their position only (NoPE layers) —; writes
@@ -46,9 +47,3 @@ class RopeTransfer(TransferRule):
         if "max_seq_len" in changed and weightless and kind_of(old["position"]) in WEIGHTLESS:
             keys.append("max_seq_len")  # no position table to grow or cut: a limit, nothing more
         return keys if weightless else []
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "rope", RopeTransfer,
-                             summary="RoPE base or scaling, NoPE layers: the same weights, other positions")]

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import torch
 
-import seqzoo
 from seqzoo.interfaces import TransferRule
+from seqzoo.registry import builtin
 
 from ._layers import block, kind_of
 
 
+@builtin("dense FFN -> mixture of experts, every expert a copy (sparse upcycling)")
 class UpcycleTransfer(TransferRule):
     """Claims a model-level ffn change from a dense FFN to a moe whose experts are that FFN."""
 
@@ -63,9 +64,3 @@ class UpcycleTransfer(TransferRule):
                         new_state[name].copy_(old_state[source])
                     made[name] = f"copy of {source}"
         return made
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "upcycle", UpcycleTransfer,
-                             summary="dense FFN -> mixture of experts, every expert a copy (sparse upcycling)")]

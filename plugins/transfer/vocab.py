@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-import seqzoo
 from seqzoo.interfaces import TransferRule
+from seqzoo.registry import builtin
 
 
+@builtin("a bigger or smaller vocabulary: rows copied, new ones at the mean")
 class VocabTransfer(TransferRule):
     """Claims ``vocab_size``; exact when it grows."""
 
@@ -32,9 +33,3 @@ class VocabTransfer(TransferRule):
             made[name] = f"{keep} rows copied, {new['vocab_size'] - keep} at the mean row" if new[
                 "vocab_size"] > keep else f"first {keep} rows kept"
         return made
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "vocab", VocabTransfer,
-                             summary="a bigger or smaller vocabulary: rows copied, new ones at the mean")]

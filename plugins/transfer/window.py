@@ -3,20 +3,15 @@ attend over a shorter or longer span, or all of it. Nothing is written; the edit
 logit difference on its probe (zero when the probe fits in both windows)."""
 from __future__ import annotations
 
-import seqzoo
 from seqzoo.interfaces import TransferRule
+from seqzoo.registry import builtin
 
 from ._layers import under
 
 
+@builtin("a sliding-window change: the same weights, another span")
 class WindowTransfer(TransferRule):
     """Claims window changes; writes nothing."""
 
     def claims(self, old: dict, new: dict, changed: list[str]) -> list[str]:
         return under(changed, "attention.window")
-
-
-@seqzoo.hookimpl
-def seqzoo_components():
-    return [seqzoo.Component("transfer", "window", WindowTransfer,
-                             summary="a sliding-window change: the same weights, another span")]

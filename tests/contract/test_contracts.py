@@ -1,11 +1,11 @@
 """Every registered component of every checked kind honours its interface's contract (the same
-checks ``seqzoo.train.testing`` offers plugin authors): a new variant is tested the moment it is
+checks ``seqzoo.testing`` offers plugin authors): a new variant is tested the moment it is
 registered."""
 from __future__ import annotations
 
 import pytest
 
-from seqzoo.train.testing import CHECKED_KINDS, component_cases, run_check
+from seqzoo.testing import CHECKED_KINDS, component_cases, run_check
 
 CASES = [(kind, name, check) for kind in CHECKED_KINDS for name, check in component_cases(kind)]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.train.testing import checks_for, run_check
+from seqzoo.testing import checks_for, run_check
 
 OURS = [("score", "sigmoid"), ("position", "kerple"), ("cell", "mingru"), ("mixer", "causal_conv")]
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

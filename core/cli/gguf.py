@@ -1,0 +1,47 @@
+"""``seqzoo import-gguf FILE -o CKPT`` and ``seqzoo export-gguf CKPT FILE --type T``: llama.cpp's GGUF
+files in and out (``seqzoo.io.gguf``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ..files import write_text_atomic
+from ..io.checkpoint import load, save
+from ..io.gguf import WRITABLE, from_gguf, gguf_summary, to_gguf
+from .hf import DTYPES
+
+
+def register_cli(add):
+    """Add ``import-gguf`` and ``export-gguf``; returns {command: handler}."""
+    p = add("import-gguf", help="convert a llama GGUF file (llama.cpp) into a seqzoo checkpoint")
+    p.add_argument("file", help="a .gguf file (F32, F16, BF16 or quantised tensors)")
+    p.add_argument("-o", "--output", required=True, help="seqzoo checkpoint to write (.safetensors)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="parameter dtype (float32: quantised tensors are dequantised)")
+    p.add_argument("--recipe", metavar="FILE.yaml", help="also write the recipe (for `seqzoo show`)")
+    p = add("export-gguf", help="write a LLaMA-family seqzoo checkpoint as a llama GGUF file")
+    p.add_argument("checkpoint", help="a .safetensors file written by seqzoo")
+    p.add_argument("file", help="the .gguf file to write")
+    # Every type to_gguf writes: F32 (exact), F16, BF16 and the block quantisations.
+    p.add_argument("--type", choices=list(WRITABLE), default="F32",
+                   help="tensor type of the matrices (F32: exact; norms stay F32)")
+    return {"import-gguf": cmd_import_gguf, "export-gguf": cmd_export_gguf}
+
+
+def cmd_import_gguf(args) -> int:
+    """``seqzoo import-gguf FILE.gguf -o CKPT [--dtype D] [--recipe FILE.yaml]``."""
+    model = from_gguf(args.file, device="cpu", dtype=args.dtype)
+    if args.recipe:
+        write_text_atomic(Path(args.recipe), yaml.safe_dump(model.recipe, sort_keys=False))
+    save(model, args.output)
+    print(f"imported {gguf_summary(args.file)} with {sum(p.numel() for p in model.parameters()):,} parameters "
+          f"-> {args.output}")
+    return 0
+
+
+def cmd_export_gguf(args) -> int:
+    """``seqzoo export-gguf CKPT FILE.gguf [--type T]``."""
+    out = to_gguf(load(args.checkpoint, device="cpu"), args.file, dtype=args.type)
+    print(f"exported {args.checkpoint} as {gguf_summary(out)} -> {out}")
+    return 0
