@@ -71,3 +71,11 @@ class InputError(SeqzooError, ValueError):
 
 class TrainingError(SeqzooError):
     """Training cannot go on: a non-finite loss, or a model, tokenizer or data the task cannot use."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training at a step boundary; ``message`` says where the checkpoint is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

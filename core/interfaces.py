@@ -9,7 +9,7 @@ Shape legend: B batch, T query length, S key length, H heads, K kv heads, D head
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,20 @@ CORE_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ScoreFunction(nn.Module):
+class Part(nn.Module):
+    """What every registered component module declares, whatever its kind (the kind's base class
+    subclasses this): the recipe parameters the conformance kit builds it with, and whether it
+    initialises its own weights."""
+
+    #: Recipe parameters for the conformance kit when none are given (a required one, a width that
+    #: fits the kit's small shapes); {} when the defaults do.
+    example_params: ClassVar[dict] = {}
+    #: True when the constructor's initialisation must stand: the model's N(0, std) pass
+    #: (``seqzoo.nn.init.init_weights``) leaves the module and everything in it alone.
+    own_init: ClassVar[bool] = False
+
+
+class ScoreFunction(Part):
     """An attention score: how strongly each query attends to each key.
 
     Constructor: ``(query_dim, key_dim, heads, **params)`` where ``query_dim``/``key_dim`` are the
@@ -84,7 +97,7 @@ class ScoreFunction(nn.Module):
         )
 
 
-class PositionScheme(nn.Module):
+class PositionScheme(Part):
     """How a stack knows where tokens are. One instance per stack, shared by all its layers.
 
     Constructor: ``(dim, head_dim, heads, max_seq_len, **params)``. Three hooks, each an identity by
@@ -127,6 +140,24 @@ class PositionScheme(nn.Module):
         """Additive logit bias (B|1, H, T, S) for q (B, H, T, D) at q_pos (B|1, T) against keys at
         k_pos (B|1, S), or None."""
         return None
+
+    def rotary(self) -> Rotary | None:
+        """For a scheme that rotates pairs of dims by angles p·ω_k: what ``seqzoo positions`` draws
+        it from (its ``angles`` and its unscaled base); None for every other scheme."""
+        return None
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """What a rotary scheme tells the position plots: ``angles(positions) -> (cos, sin)``
+    (1, 1, T, P) with its scaling applied; the ``base`` and ``rotary_dim`` of the unscaled
+    ω_k = base^(−2k/d_r); the context it was trained on and the factor its scaling stretches it by."""
+
+    angles: object  # Callable[[Tensor], tuple[Tensor, Tensor]]
+    base: float
+    rotary_dim: int
+    context: int
+    factor: float = 1.0
 
 
 class PositionBias(PositionScheme):
@@ -186,7 +217,7 @@ class MixerContext:
             self.prepared = {"prepared": self.position.prepare(self.q_pos, self.k_pos)}
 
 
-class Mixer(nn.Module):
+class Mixer(Part):
     """A token mixer: the part of a layer that moves information between positions (attention, a
     recurrent cell run as a layer, a state-space model). Constructor ``(dim, **params)``.
 
@@ -233,7 +264,7 @@ class Mixer(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement forward(x, context, state)")
 
 
-class RopeScaling(nn.Module):
+class RopeScaling(Part):
     """A RoPE context-extension rule (kind ``rope_scaling``, the ``scaling:`` of ``rope``).
 
     Constructor: ``(**params)`` only. It changes the rotation frequencies ω_k and may return an
@@ -244,6 +275,10 @@ class RopeScaling(nn.Module):
     #: stale (LongRoPE's L): ``generate`` re-encodes the whole sequence once, at the step that
     #: first takes it past this length, as transformers' Phi-3 does. None: cached keys stay valid.
     stale_after: int | None = None
+    #: How many times the trained context the rule stretches RoPE over (1: it does not), and that
+    #: context when the rule names one (null: the model's max_seq_len).
+    factor: float = 1.0
+    original_max_seq_len: int | None = None
 
     def frequencies(self, inv_freq: Tensor, *, rotary_dim: int, base: float, max_seq_len: int,
                     positions: Tensor) -> tuple[Tensor, float]:
@@ -256,7 +291,7 @@ class RopeScaling(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement frequencies(...)")
 
 
-class Norm(nn.Module):
+class Norm(Part):
     """A normalisation layer. Constructor ``(dim, **params)``; ``forward(x (..., C)) -> (..., C)``."""
 
     def __init__(self, dim: int) -> None:
@@ -264,13 +299,23 @@ class Norm(nn.Module):
         self.dim = dim
 
 
-class FeedForward(nn.Module):
+class FeedForward(Part):
     """A position-wise feed-forward block. Constructor ``(dim, **params)``;
     ``forward(x (B, T, C)) -> (B, T, C)``."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
+
+    def active_parameters(self) -> int:
+        """The parameters one token goes through: all of them, unless the block routes each token to
+        a few of its parts (a mixture of experts)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+class Activation(Part):
+    """An elementwise activation (kind ``activation``): ``forward(x) -> x``'s shape. Constructor
+    ``(**params)`` only; FFNs name one in their recipe (``{kind: mlp, activation: silu}``)."""
 
 
 @dataclass
@@ -286,7 +331,7 @@ class Routing:
     probs: Tensor
 
 
-class Router(nn.Module):
+class Router(Part):
     """Chooses ``top_k`` of ``experts`` experts per token. Constructor ``(dim, experts, top_k,
     **params)``; ``forward(x (N, C)) -> Routing``. Scores are computed in float32: a tie or a flip
     in the top-k under bfloat16 would send a token to another expert."""
@@ -365,7 +410,7 @@ class TransferRule:
         return {}
 
 
-class RecurrentCell(nn.Module):
+class RecurrentCell(Part):
     """A recurrent cell. Constructor ``(input_size, hidden_size, **params)``.
 
     A state is a tensor or a tuple of tensors, each (B, hidden_size); the first (or only) one is
@@ -429,7 +474,9 @@ class RecurrentCell(nn.Module):
 class Tokenizer:
     """Text <-> ids. Registered under kind ``tokenizer`` and named by a recipe's ``tokenizer:``."""
 
-    vocab_size: int
+    #: The number of ids (a class attribute when it is fixed, as the bytes tokenizer's; a property
+    #: of a tokenizer read from a file). Recipes check model.vocab_size against a fixed one.
+    vocab_size: int | None = None
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
@@ -446,6 +493,27 @@ class Tokenizer:
         """The ids of special tokens ([CLS], [SEP], padding, ...), which masked-LM training never
         masks: pad, bos, eos and mask here; tokenizers with more special tokens add theirs."""
         return {i for i in (self.pad_id, self.bos_id, self.eos_id, self.mask_id) if i is not None}
+
+    @classmethod
+    def from_str(cls, text: str, **params) -> Tokenizer:
+        """The tokenizer whose serialised form (``to_str``) is ``text``, with the recipe's ``params``
+        (a checkpoint rebuilds its tokenizer so). Default: a tokenizer that has no such form."""
+        return cls(**params)
+
+    def to_str(self) -> str | None:
+        """The tokenizer's own serialised form (an hf tokenizer's tokenizer.json text), which a
+        checkpoint stores; None for a tokenizer that needs none (bytes)."""
+        return None
+
+    def to_hf_files(self) -> dict[str, str] | None:
+        """{file name: text} of this tokenizer for a Hugging Face folder, or None when it has no
+        such form (``to_hf`` then writes the model without one, and says so)."""
+        text = self.to_str()
+        return None if text is None else {"tokenizer.json": text}
+
+    def token(self, token_id: int | None) -> str | None:
+        """The text of one id, as the vocabulary names it (None for None). Default: the id decoded."""
+        return None if token_id is None else self.decode([token_id])
 
     def identity(self) -> str:
         """What makes two tokenizers encode every text alike, as a short string: token shards
@@ -542,7 +610,41 @@ class DecodeSession(Protocol):
         ...
 
 
-class LanguageModel(nn.Module):
+class Model(nn.Module):
+    """Every model a recipe builds (kind ``model``): what ``build``, ``load`` and ``from_hf``
+    attach to it, and what ``save``, ``generate``, ``to_hf`` and the plots read, declared here
+    (nothing is probed with ``hasattr``). ``LanguageModel`` and ``MaskedLanguageModel`` refine it.
+    """
+
+    #: The resolved recipe the model was built from (``seqzoo.build`` sets it; ``save`` stores it).
+    recipe: dict | None = None
+    #: The tokenizer's serialised form when it has one (a tokenizer.json text), carried from a
+    #: checkpoint or a Hugging Face folder so no file outside is needed; else None.
+    tokenizer_state: str | None = None
+    #: Which plugin, distribution and version provided each component the recipe names.
+    components: dict | None = None
+    #: ``causal`` (decoder-only), ``seq2seq`` (a source, then a decoder) or ``encoder``
+    #: (bidirectional: hidden states, a masked-LM head).
+    family: ClassVar[Literal["causal", "seq2seq", "encoder"]] = "encoder"
+    #: Whether decoding records a source–target alignment in ``last_alignment`` (B, T, S): a
+    #: recurrent seq2seq with an attention score (Bahdanau, Luong); Transformers' maps are read
+    #: from their attention modules instead.
+    records_alignment: bool = False
+    last_alignment: Tensor | None = None
+
+    @classmethod
+    def check_recipe(cls, model: dict, path: tuple, validator) -> None:
+        """Cross-field rules of the model section (``dim % heads``, per-layer patterns), run by
+        recipe validation after each key is checked; raise ``SchemaError`` at the key that is
+        wrong. Default: none."""
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most positions the model can read (a learned position table), or None."""
+        return None
+
+
+class LanguageModel(Model):
     """What ``seqzoo.generate``, beam search, ``seqzoo train`` and FSDP wrapping rely on in a
     model that generates text. The built-in ``decoder_lm``, ``encoder_decoder``, ``rnn_lm`` and
     ``rnn_seq2seq`` subclass it; a plugin's model subclasses it to be generated from and trained.
@@ -554,7 +656,7 @@ class LanguageModel(nn.Module):
 
     #: ``causal``: the output continues the input (decoder-only); ``seq2seq``: the input is a
     #: source and the output starts with ``decoder_start_id``.
-    family: Literal["causal", "seq2seq"] = "causal"
+    family: ClassVar[Literal["causal", "seq2seq"]] = "causal"
     #: The first decoder token of seq2seq models.
     decoder_start_id: int = 0
     #: Where a batch of prompts of different lengths is padded: ``left``, ``right``, or None when
@@ -567,11 +669,6 @@ class LanguageModel(nn.Module):
     #: Whether ``forward`` takes ``documents=`` (B, T): ids of the packed documents each token
     #: belongs to, so no token attends across a document boundary (token-shard training).
     supports_documents: bool = False
-
-    @property
-    def max_positions(self) -> int | None:
-        """The most positions the model can read (a learned position table), or None."""
-        return None
 
     def start_generation(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,
                          attention_mask: Tensor | None = None, **options: bool) -> DecodeSession:
@@ -588,7 +685,7 @@ class LanguageModel(nn.Module):
         """Re-tie shared weights (the LM head and the embedding) after a move or a load."""
 
 
-class MaskedLanguageModel(nn.Module):
+class MaskedLanguageModel(Model):
     """What ``seqzoo.fill_mask`` and the masked-LM objective of ``seqzoo train`` rely on in a
     bidirectional model (the built-in ``encoder``; a plugin's model subclasses it to be trained
     and queried the same way).
@@ -602,23 +699,18 @@ class MaskedLanguageModel(nn.Module):
     #: Whether the model has a masked-LM head (an encoder built without one predicts nothing).
     has_mlm_head: bool = False
 
-    @property
-    def max_positions(self) -> int | None:
-        """The most tokens the model reads at once (a learned position table), or None."""
-        return None
-
 
 # The base class each kind's components must subclass (kinds not listed are unconstrained).
 BASES: dict[str, type] = {
     "score": ScoreFunction,
     "position": PositionScheme,
-    "norm": nn.Module,
-    "ffn": nn.Module,
+    "norm": Norm,
+    "ffn": FeedForward,
     "cell": RecurrentCell,
-    "model": nn.Module,
+    "model": Model,
     "tokenizer": Tokenizer,
     "rope_scaling": RopeScaling,
-    "activation": nn.Module,
+    "activation": Activation,
     "task": Task,
     "mixer": Mixer,
     "router": Router,

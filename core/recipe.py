@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from .config import RuntimeConfig, TrainConfig
-from .errors import RecipeError, RegistryError
+from .errors import RecipeError, RegistryError, closest
 from .interfaces import CORE_ARGS
 from .registry import canonical_name, installed_version, registry
 from .schema import SchemaError, Spec, Validator, dotted
@@ -327,8 +327,9 @@ def resolve(recipe: str | os.PathLike | dict, overrides: list[str] | None = None
     else:
         path = _find(os.fspath(recipe), None)
         if path is None:
-            shipped = ", ".join(shipped_recipes())
-            raise RecipeError(f"{os.fspath(recipe)}:1: no such recipe file or shipped recipe (shipped: {shipped})")
+            match = closest(os.fspath(recipe), shipped_recipes())
+            hint = f"did you mean {match!r}?" if match else f"shipped: {', '.join(shipped_recipes())}"
+            raise RecipeError(f"{os.fspath(recipe)}:1: no such recipe file or shipped recipe; {hint}")
         source.data = _load_file(path, source, (path.resolve(),), _label(path))
     for index, override in enumerate(overrides or [], start=1):
         _apply_override(source, override, index)
@@ -360,12 +361,13 @@ def validate(source: _Source) -> Resolved:
                                         f"reads version {FORMAT_VERSION} only (write seqzoo: "
                                         f"{FORMAT_VERSION}, or upgrade seqzoo for newer recipes)")
     validator = Validator(resolve_component, lambda kind: CORE_ARGS.get(kind, ()))
+    validator.collected = []
     try:
         data = validator.params(_top_level, source.data, ())
-        model_cls = registry_.get("model", data["model"]["kind"]).cls
-        check = getattr(model_cls, "check_recipe", None)
-        if check is not None:  # cross-field rules; the validator records what they resolve
-            check(data["model"], ("model",), validator)
+        if validator.collected:
+            raise _all_of(source, validator.collected)
+        # Cross-field rules (a Model declares check_recipe); the validator records what they resolve.
+        registry_.get("model", data["model"]["kind"]).cls.check_recipe(data["model"], ("model",), validator)
         tokenizer_cls = registry_.get("tokenizer", data["tokenizer"]["kind"]).cls
         _check_vocab(tokenizer_cls, data)
     except SchemaError as error:
@@ -375,9 +377,21 @@ def validate(source: _Source) -> Resolved:
     return Resolved(data, validator.components, source)
 
 
+#: The most recipe errors reported at once (a compiler's limit: the rest usually follow from them).
+MAX_ERRORS = 10
+
+
+def _all_of(source: _Source, errors: list[SchemaError]) -> RecipeError:
+    """One RecipeError listing every error (a line each, up to MAX_ERRORS), in the order found."""
+    lines = [str(source.error(e.path, e.message)) for e in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_ERRORS} more error(s)")
+    return RecipeError("\n".join(lines))
+
+
 def _check_vocab(tokenizer_cls: type, data: dict) -> None:
     """The model's vocabulary must hold every id the tokenizer can produce."""
-    needed = getattr(tokenizer_cls, "vocab_size", None)
+    needed = tokenizer_cls.vocab_size  # an int when fixed; a property (or None) when read from a file
     vocab = data["model"].get("vocab_size")
     if isinstance(needed, int) and isinstance(vocab, int) and vocab < needed:
         raise SchemaError(

@@ -38,7 +38,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import RegistryError, closest, first_line, unknown_name
-from .interfaces import BASES, CORE_ARGS
+from .interfaces import BASES, CORE_ARGS, Model
 from .schema import SchemaError, Validator, call_with
 
 ENTRY_POINT_GROUP = "seqzoo"
@@ -549,21 +549,21 @@ def registry() -> Registry:
     return _registry
 
 
-def tokenizer(model_or_recipe):
+def tokenizer(model_or_recipe, state: str | None = None):
     """The tokenizer named by a model's (or a resolved recipe's) ``tokenizer:`` section.
 
-    A model that carries its tokenizer's serialised form (``model.tokenizer_state``, set by
-    ``seqzoo.load`` and ``seqzoo.from_hf``) rebuilds it from that (``cls.from_str``), so it needs
-    no file outside the checkpoint.
+    A model that carries its tokenizer's serialised form (``Model.tokenizer_state``, set by
+    ``seqzoo.load`` and ``seqzoo.from_hf``) rebuilds it from that (``Tokenizer.from_str``), so it
+    needs no file outside the checkpoint; for a recipe, ``state`` gives that form.
     """
-    recipe = getattr(model_or_recipe, "recipe", model_or_recipe)
-    state = getattr(model_or_recipe, "tokenizer_state", None)
+    if isinstance(model_or_recipe, Model):
+        recipe, state = model_or_recipe.recipe, model_or_recipe.tokenizer_state
+    else:
+        recipe = model_or_recipe
     if state is not None:
         spec = recipe["tokenizer"]
         params = {"kind": spec} if isinstance(spec, str) else dict(spec)
-        cls = registry().get("tokenizer", params.pop("kind")).cls
-        if callable(getattr(cls, "from_str", None)):
-            return cls.from_str(state, **params)
+        return registry().get("tokenizer", params.pop("kind")).cls.from_str(state, **params)
     return registry().create("tokenizer", recipe["tokenizer"])
 
 

@@ -94,6 +94,13 @@ class Validator:
         self.resolve_component = resolve_component
         self.core_args = core_args
         self.components: list[tuple[Path, str, str]] = []
+        #: When a list, the errors of the top-level keys and of each section's own keys are
+        #: collected here rather than raised, so a recipe's mistakes are reported together (like
+        #: a compiler); an error inside a key's value is that key's one error.
+        self.collected: list[SchemaError] | None = None
+
+    def _collects(self, path: Path) -> bool:
+        return self.collected is not None and len(path) <= 1
 
     # -- sections -------------------------------------------------------------------------------
     def params(self, fn, values: Any, path: Path, skip: tuple[str, ...] = ()) -> dict:
@@ -109,22 +116,34 @@ class Validator:
             if name not in ("self", *skip)
             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         }
+        collect = self._collects(path)
         for key in values:
-            if not isinstance(key, str):
-                raise SchemaError(path, f"keys must be strings, got {describe(key)}")
-            if key not in accepted:
-                hint = closest(key, accepted)
-                fix = f"did you mean {hint!r}?" if hint else f"allowed keys: {', '.join(accepted) or 'none'}"
-                raise SchemaError((*path, key), f"unknown key {key!r}; {fix}")
+            try:
+                if not isinstance(key, str):
+                    raise SchemaError(path, f"keys must be strings, got {describe(key)}")
+                if key not in accepted:
+                    hint = closest(key, accepted)
+                    fix = f"did you mean {hint!r}?" if hint else f"allowed keys: {', '.join(accepted) or 'none'}"
+                    raise SchemaError((*path, key), f"unknown key {key!r}; {fix}")
+            except SchemaError as error:
+                if not collect:
+                    raise
+                self.collected.append(error)
         out = {}
         for name, param in accepted.items():
             hint = hints.get(name, Any)
-            if name in values:
-                out[name] = self.value(values[name], hint, (*path, name))
-            elif param.default is inspect.Parameter.empty:
-                raise SchemaError((*path, name), f"missing required key {name!r}")
-            else:
-                out[name] = self.value(plain(param.default), hint, (*path, name))
+            try:
+                if name in values:
+                    out[name] = self.value(values[name], hint, (*path, name))
+                elif param.default is inspect.Parameter.empty:
+                    raise SchemaError((*path, name), f"missing required key {name!r}")
+                else:
+                    out[name] = self.value(plain(param.default), hint, (*path, name))
+            except SchemaError as error:
+                if not collect:
+                    raise
+                self.collected.append(error)
+                out[name] = None
         return out
 
     def spec(self, kind: str, value: Any, path: Path) -> dict:

@@ -108,3 +108,36 @@ def test_show_llama2_7b_by_path_counts_without_allocating(capsys):
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "llama2-7b.yaml"
     assert main(["show", str(recipe)]) == 0
     assert "parameters: 6,738,415,616" in capsys.readouterr().out
+
+
+def test_help_starts_without_importing_torch():
+    """`seqzoo --help` builds every subcommand's arguments without loading torch or the registry."""
+    code = ("import sys\nfrom seqzoo.cli.commands import _parser\n_parser()\n"
+            "print(sorted(m for m in ('torch', 'seqzoo.registry', 'seqzoo.interfaces') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_ctrl_c_while_starting_up_is_one_line(monkeypatch, capsys):
+    import seqzoo.cli.commands as commands
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "_parser", interrupted)
+    assert main(["--help"]) == 130
+    assert capsys.readouterr().err == "seqzoo: interrupted\n"
+
+
+def test_show_gives_a_mixtures_active_parameters_and_writes_specs_as_yaml(capsys):
+    """tiny-moe: 2 layers of 4 SwiGLU experts (3·64·64 = 12,288 weights each), top-2: a token skips
+    two experts per layer, 49,152 of the 156,864 parameters."""
+    assert main(["show", "tiny-moe"]) == 0
+    assert "parameters: 156,864 (107,712 active per token)" in capsys.readouterr().out
+    assert main(["show", "tiny-moe", "--set", "model.layer_types={dense: {ffn: {kind: swiglu, hidden: 128}}, "
+                 "moe: {ffn: {kind: moe, experts: 4, expert: {kind: swiglu, hidden: 32}}}}",
+                 "--set", "model.pattern=[dense, moe]"]) == 0
+    out = capsys.readouterr().out
+    assert "1 moe (ffn moe, experts 4, expert {kind: swiglu, hidden: 32})" in out
+    assert main(["show", "tiny-gpt"]) == 0
+    assert "parameters: 233,024\n" in capsys.readouterr().out  # a dense model: no active count

@@ -191,3 +191,30 @@ def test_layer_override_indices_survive_a_checkpoint_round_trip(tmp_path):
     model = seqzoo.build(recipe, device="cpu")
     path = seqzoo.save(model, tmp_path / "m.safetensors")
     assert seqzoo.load(path).recipe["model"] == model.recipe["model"]
+
+
+PURE_MAMBA2 = {"seqzoo": 1, "model": {"kind": "decoder_lm", "vocab_size": 259, "dim": 32, "layers": 2,
+                                      "max_seq_len": 64, "position": "none", "norm": "rmsnorm", "ffn": None,
+                                      "mixer": {"kind": "mamba2", "state": 8, "head_dim": 8}}}
+
+
+def test_a_model_whose_layers_never_attend_needs_no_attention_section(tmp_path):
+    model = seqzoo.build(PURE_MAMBA2, device="cpu").eval()
+    assert model.recipe["model"]["attention"] is None
+    ids = torch.randint(0, 256, (2, 10))
+    full = model(ids)
+    cache = model.new_cache(2, 10)
+    steps = torch.cat([model(ids[:, t:t + 1], cache=cache) for t in range(10)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    seqzoo.save(model, tmp_path / "m.safetensors")
+    torch.testing.assert_close(seqzoo.load(tmp_path / "m.safetensors").eval()(ids), full)
+
+
+def test_a_layer_that_attends_still_needs_the_section():
+    types = {"ssm": {}, "att": {"mixer": "attention"}}
+    hybrid = {**PURE_MAMBA2, "model": {**PURE_MAMBA2["model"], "layer_types": types, "pattern": ["ssm", "att"]}}
+    with pytest.raises(seqzoo.RecipeError, match=r"model.attention: missing required key 'attention': "
+                                                 r"model.layer_types.att's mixer is attention"):
+        seqzoo.build(hybrid, device="meta")
+    with pytest.raises(seqzoo.RecipeError, match=r"the layers' mixer is attention"):
+        seqzoo.build({**PURE_MAMBA2, "model": {**PURE_MAMBA2["model"], "mixer": None}}, device="meta")

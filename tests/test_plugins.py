@@ -112,7 +112,7 @@ def seqzoo_components():
 WRONG = """
 import torch
 import seqzoo
-from seqzoo.interfaces import RecurrentCell, ScoreFunction, masked_softmax_attend, expand_kv
+from seqzoo.interfaces import Norm, RecurrentCell, ScoreFunction, masked_softmax_attend, expand_kv
 
 class Transposed(ScoreFunction):
     '''Returns (B, T, H, D) instead of (B, H, T, D).'''
@@ -142,10 +142,10 @@ class Drifting(RecurrentCell):
         out, state = super().forward(x, state, lengths)
         return out * 2, state
 
-class TimeMeanNorm(torch.nn.Module):
+class TimeMeanNorm(Norm):
     '''Normalises by the mean over the time axis: it leaks later tokens into earlier ones.'''
     def __init__(self, dim: int) -> None:
-        super().__init__()
+        super().__init__(dim)
         self.weight = torch.nn.Parameter(torch.ones(dim))
     def forward(self, x):
         return (x - x.mean(dim=-2, keepdim=True)) * self.weight

@@ -170,9 +170,15 @@ def test_extends_cycle_is_detected(tmp_path):
 
 
 def test_missing_recipe_file_lists_shipped():
-    with pytest.raises(seqzoo.RecipeError, match=r"no-such\.yaml:1: no such recipe file or shipped recipe \(shipped: "
+    with pytest.raises(seqzoo.RecipeError, match=r"no-such\.yaml:1: no such recipe file or shipped recipe; shipped: "
                                                  r".*tiny-gpt"):
         resolve("no-such.yaml")
+
+
+def test_a_misspelt_shipped_recipe_gets_a_suggestion():
+    with pytest.raises(seqzoo.RecipeError, match=r"tiny-gtp:1: no such recipe file or shipped recipe; did you mean "
+                                                 r"'tiny-gpt'\?"):
+        resolve("tiny-gtp")
 
 
 def test_override_without_equals_is_an_error():
@@ -236,3 +242,35 @@ def test_a_checkpoint_given_as_a_recipe_is_recognised(tmp_path):
     with pytest.raises(seqzoo.RecipeError, match=r"m\.safetensors: is a checkpoint \(safetensors\), not a YAML "
                                                  r"recipe"):
         resolve(ckpt)
+
+
+def test_every_mistake_is_reported_at_once_like_a_compiler(tmp_path, capsys):
+    path = write(tmp_path, "bad.yaml", """
+        seqzoo: 1
+        extends: tiny-gpt
+        model:
+          dimm: 64
+          layers: -1
+          attention: {heads: 4, score: scaled_dt}
+        train: {stepz: 3}
+    """)
+    with pytest.raises(seqzoo.RecipeError) as caught:
+        resolve(path)
+    assert str(caught.value).splitlines() == [
+        f"{path}:4: model.dimm: unknown key 'dimm'; did you mean 'dim'?",
+        f"{path}:5: model.layers: -1 is out of range: must be >= 1",
+        f"{path}:6: model.attention.score: unknown score 'scaled_dt'; did you mean 'scaled_dot'?",
+        f"{path}:7: train.stepz: unknown key 'stepz'; did you mean 'steps'?"]
+    from seqzoo.cli import main
+
+    assert main(["show", str(path)]) == 2
+    assert len([line for line in capsys.readouterr().err.splitlines() if line.startswith("seqzoo: error: ")]) == 4
+
+
+def test_at_most_ten_mistakes_are_listed(tmp_path):
+    keys = "\n".join(f"  wrong{i}: 1" for i in range(13))
+    path = write(tmp_path, "many.yaml", f"seqzoo: 1\nextends: tiny-gpt\nmodel:\n{keys}\n")
+    with pytest.raises(seqzoo.RecipeError) as caught:
+        resolve(path)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 11 and lines[-1] == "... and 3 more error(s)"

@@ -1,7 +1,19 @@
-"""The ``seqzoo`` command line: ``main`` (in ``commands``) and the command groups it loads (train, plots, catalog,
-Hugging Face import/export)."""
+"""The ``seqzoo`` command line: ``main`` and the command groups it loads (train, data, compare, plots,
+catalog, Hugging Face and GGUF import/export, ...). Nothing heavy is imported until a command runs,
+so ``seqzoo --help`` starts in a fraction of a second, and Ctrl-C at any moment ends with one line."""
 from __future__ import annotations
 
-from .commands import main
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        from .commands import main as run
+    except KeyboardInterrupt:
+        print("seqzoo: interrupted", file=sys.stderr)
+        return 130
+    return run(argv)
+
 
 __all__ = ["main"]

@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from safetensors import safe_open
-
 from ..errors import InputError
-from ..io.checkpoint import EXTRA_PREFIX, load, read_metadata, read_recipe, save
 
 
 def register_cli(add) -> dict:
@@ -24,6 +21,10 @@ def register_cli(add) -> dict:
 def checkpoint_summary(path: str) -> dict:
     """What ``describe`` prints, as data: the model kind and recipe, the weight and training-state
     sizes (counted from the file's header, nothing loaded), the tokenizer, and the run's progress."""
+    from safetensors import safe_open
+
+    from ..io.checkpoint import EXTRA_PREFIX, read_metadata, read_recipe
+
     metadata = read_metadata(path)
     recipe = read_recipe(path, metadata)
     weights = state = 0
@@ -82,6 +83,8 @@ def _cmd_describe(args) -> int:
 
 
 def _cmd_export(args) -> int:
+    from ..io.checkpoint import load, save
+
     if os.path.abspath(args.output) == os.path.abspath(args.checkpoint):
         raise InputError(f"-o {args.output}: give another file than the checkpoint itself")
     model = load(args.checkpoint, device="cpu")

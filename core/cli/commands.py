@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 import warnings
 from collections.abc import Sequence
 
-import torch
 import yaml
 
-from .. import testing
-from ..errors import InputError, RegistryError, SeqzooError, unknown_name
-from ..io.build import build, instantiate
-from ..io.checkpoint import load, save
-from ..nn.generation import generate
-from ..nn.layers import describe_layout
-from ..recipe import resolve
-from ..registry import canonical_name, load_plugin, registry, strict, tokenizer
+from ..errors import InputError, RegistryError, SeqzooError, TrainingInterrupted, unknown_name
 from .describe import describe
 
 EXIT_BAD_INPUT = 2
@@ -99,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list(args) -> int:
+    from ..registry import registry
+
     reg = registry()
     if args.kind is not None and args.kind not in reg.kinds():
         raise RegistryError(unknown_name("component kind", args.kind, reg.kinds()))
@@ -121,6 +116,8 @@ def _counts(components) -> str:
 
 
 def _cmd_plugins(args) -> int:
+    from ..registry import registry
+
     reg = registry()
     plugins = list(reg.plugins.values())
     builtins = [p for p in plugins if p.source == "built-in"]
@@ -143,6 +140,9 @@ def _cmd_plugins(args) -> int:
 
 
 def _cmd_check(args) -> int:
+    from .. import testing
+    from ..registry import canonical_name, registry
+
     reg = registry()
     if args.kind is None:
         kinds = [k for k in testing.CHECKED_KINDS if k in reg.kinds()]
@@ -184,6 +184,10 @@ def _count(model) -> int:
 
 
 def _cmd_show(args) -> int:
+    from ..io.build import instantiate
+    from ..nn.layers import describe_layout
+    from ..recipe import resolve
+
     resolved = resolve(args.recipe, args.overrides)
     model = instantiate(resolved, device="meta")  # structure only: nothing is allocated
     print(yaml.safe_dump(resolved.data, sort_keys=False).rstrip())
@@ -191,12 +195,26 @@ def _cmd_show(args) -> int:
     if layout is not None:  # a heterogeneous stack: which layers are which, in one line
         print(f"\n{layout}")
     total = _count(model)
-    print(f"\nparameters: {total:,}")
+    active = total - inactive_parameters(model)
+    print(f"\nparameters: {total:,}" + (f" ({active:,} active per token)" if active != total else ""))
     print(f"\n{model}")
     return 0
 
 
+def inactive_parameters(model) -> int:
+    """Parameters a token does not go through: the experts a mixture does not route it to."""
+    from ..interfaces import FeedForward
+
+    return sum(sum(p.numel() for p in m.parameters()) - m.active_parameters()
+               for m in model.modules() if isinstance(m, FeedForward))
+
+
 def _cmd_build(args) -> int:
+    import torch
+
+    from ..io.build import build
+    from ..io.checkpoint import save
+
     torch.manual_seed(args.seed)
     model = build(args.recipe, args.overrides)
     total = _count(model)
@@ -209,6 +227,12 @@ def _cmd_build(args) -> int:
 
 
 def _cmd_generate(args) -> int:
+    import torch
+
+    from ..io.checkpoint import load
+    from ..nn.generation import generate
+    from ..registry import tokenizer
+
     model = load(args.checkpoint, device=args.device)
     device = next(model.parameters()).device
     tok = tokenizer(model)
@@ -249,6 +273,8 @@ COMMANDS = {"list": _cmd_list, "plugins": _cmd_plugins, "check": _cmd_check, "sh
 
 def _load_plugins(refs: list[str]) -> None:
     """Load each ``--plugin``; one that fails is reported and skipped (an error when strict)."""
+    from ..registry import load_plugin, strict
+
     for ref in refs:
         try:
             load_plugin(ref)
@@ -258,25 +284,43 @@ def _load_plugins(refs: list[str]) -> None:
             print(f"seqzoo: warning: {error}", file=sys.stderr)
 
 
+def _own_folders() -> tuple[str, ...]:
+    """Where seqzoo's code and its built-in plugins live (one folder in a wheel, two in a checkout)."""
+    spec = importlib.util.find_spec("seqzoo.plugins")
+    plugins = list(spec.submodule_search_locations or []) if spec else []
+    return tuple(os.path.abspath(p) + os.sep for p in [os.path.dirname(os.path.dirname(__file__)), *plugins])
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"seqzoo: warning: {message}", file=sys.stderr)
+    """seqzoo's own warnings as one line; another library's (torch's, at import) in its format."""
+    if os.path.abspath(filename).startswith(_own_folders()):
+        print(f"seqzoo: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the command line is still starting up
+        print("seqzoo: interrupted", file=sys.stderr)
+        return 130
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
-            _load_plugins([*args.plugins, *(getattr(args, "plugins_after", None) or [])])
+            _load_plugins([*args.plugins, *(args.plugins_after or [])])
             return COMMANDS[args.command](args)
     except SeqzooError as error:
         if args.debug:
             raise
-        print(f"seqzoo: error: {error}", file=sys.stderr)
+        for line in str(error).splitlines() or [""]:  # a recipe's several mistakes: a line each
+            print(f"seqzoo: error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as interrupt:
-        if getattr(interrupt, "message", None):
-            print(f"seqzoo: {interrupt.message}", file=sys.stderr)
+        # A training run says where its checkpoint is (TrainingInterrupted.message); anything else
+        # stopped before it had done something worth a message.
+        message = interrupt.message if isinstance(interrupt, TrainingInterrupted) else "interrupted"
+        print(f"seqzoo: {message}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `seqzoo list | head`: the reader left; not an error
         devnull = os.open(os.devnull, os.O_WRONLY)

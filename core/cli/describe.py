@@ -14,11 +14,12 @@ import dataclasses
 import inspect
 import types
 import typing
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from ..interfaces import CORE_ARGS
-from ..registry import Component, own_doc
 from ..schema import Range, SpecKind, plain
+
+if TYPE_CHECKING:  # annotations only: the registry (and torch) load with the command
+    from ..registry import Component
 
 _INDENT = "  "
 
@@ -60,6 +61,8 @@ def parameter_rows(component: Component) -> tuple[list[Row], list[Row]]:
 
     The core arguments of its kind come without defaults (the core always passes them); a recipe
     parameter whose value is a dataclass section is followed by the section's own keys."""
+    from ..interfaces import CORE_ARGS
+
     core = CORE_ARGS.get(component.kind, ())
     params = parameters(component.cls.__init__) if isinstance(component.cls, type) else []
     by_name = {p.name: p for p in params}
@@ -74,6 +77,8 @@ def parameter_rows(component: Component) -> tuple[list[Row], list[Row]]:
 def describe(component: Component) -> str:
     """The full text of one component: summary, class, aliases, origin, core arguments, recipe
     parameters with their types and defaults, and the class's own docstring."""
+    from ..registry import own_doc
+
     kind, cls = component.kind, component.cls
     lines = [f"{kind} {component.name}" + (f": {component.summary}" if component.summary else "")]
     rows = [

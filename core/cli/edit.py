@@ -11,14 +11,14 @@ import yaml
 
 from ..errors import InputError
 from ..files import write_text_atomic
-from ..io.checkpoint import load, save
-from ..io.gguf import from_gguf
-from ..io.hf import from_hf
-from ..train.surgery import edit
 
 
 def load_any(source: str):
     """A model from a seqzoo checkpoint, a Hugging Face folder or a .gguf file."""
+    from ..io.checkpoint import load
+    from ..io.gguf import from_gguf
+    from ..io.hf import from_hf
+
     path = Path(source)
     if path.is_dir():
         return from_hf(path, device="cpu")
@@ -30,6 +30,9 @@ def load_any(source: str):
 
 
 def _cmd_edit(args: argparse.Namespace) -> int:
+    from ..io.checkpoint import save
+    from ..train.surgery import edit
+
     if not args.set:
         raise InputError("edit: nothing to change; give --set key=value (model.attention.kv_heads=1, ...)")
     if not args.dry_run and not args.output:

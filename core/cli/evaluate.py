@@ -7,11 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
-from ..io.checkpoint import load
-from ..train.perplexity import evaluate
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from ..io.checkpoint import load
+    from ..train.perplexity import evaluate
+
     path = Path(args.text)
     if not path.is_file():
         raise InputError(f"{path}: no such file (--text takes a UTF-8 text file)")

@@ -6,11 +6,12 @@ import argparse
 from collections.abc import Callable
 
 from ..errors import InputError
-from ..io.checkpoint import load
-from ..nn.fill_mask import fill_mask
 
 
 def _cmd_fill_mask(args: argparse.Namespace) -> int:
+    from ..io.checkpoint import load
+    from ..nn.fill_mask import fill_mask
+
     if args.top_k < 1:
         raise InputError(f"--top-k must be >= 1, got {args.top_k}")
     model = load(args.checkpoint, device=args.device)

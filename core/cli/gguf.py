@@ -7,13 +7,13 @@ from pathlib import Path
 import yaml
 
 from ..files import write_text_atomic
-from ..io.checkpoint import load, save
-from ..io.gguf import WRITABLE, from_gguf, gguf_summary, to_gguf
 from .hf import DTYPES
 
 
 def register_cli(add):
     """Add ``import-gguf`` and ``export-gguf``; returns {command: handler}."""
+    from ..io.gguf_types import WRITABLE
+
     p = add("import-gguf", help="convert a llama GGUF file (llama.cpp) into a seqzoo checkpoint")
     p.add_argument("file", help="a .gguf file (F32, F16, BF16 or quantised tensors)")
     p.add_argument("-o", "--output", required=True, help="seqzoo checkpoint to write (.safetensors)")
@@ -31,6 +31,9 @@ def register_cli(add):
 
 def cmd_import_gguf(args) -> int:
     """``seqzoo import-gguf FILE.gguf -o CKPT [--dtype D] [--recipe FILE.yaml]``."""
+    from ..io.checkpoint import save
+    from ..io.gguf import from_gguf, gguf_summary
+
     model = from_gguf(args.file, device="cpu", dtype=args.dtype)
     if args.recipe:
         write_text_atomic(Path(args.recipe), yaml.safe_dump(model.recipe, sort_keys=False))
@@ -42,6 +45,9 @@ def cmd_import_gguf(args) -> int:
 
 def cmd_export_gguf(args) -> int:
     """``seqzoo export-gguf CKPT FILE.gguf [--type T]``."""
+    from ..io.checkpoint import load
+    from ..io.gguf import gguf_summary, to_gguf
+
     out = to_gguf(load(args.checkpoint, device="cpu"), args.file, dtype=args.type)
     print(f"exported {args.checkpoint} as {gguf_summary(out)} -> {out}")
     return 0

@@ -10,8 +10,6 @@ from pathlib import Path
 import yaml
 
 from ..files import write_text_atomic
-from ..io.checkpoint import load, save
-from ..io.hf import CONFIG, from_hf, to_hf
 
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 
@@ -34,6 +32,9 @@ def register_cli(add: Callable[..., argparse.ArgumentParser]) -> dict[str, Calla
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
     """``seqzoo import-hf DIR -o FILE.safetensors [--dtype D] [--recipe FILE.yaml]``."""
+    from ..io.checkpoint import save
+    from ..io.hf import CONFIG, from_hf
+
     model = from_hf(args.folder, device="cpu", dtype=args.dtype)
     if args.recipe:
         write_text_atomic(Path(args.recipe), yaml.safe_dump(model.recipe, sort_keys=False))
@@ -46,6 +47,9 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     """``seqzoo export-hf CKPT DIR [--model-type T]``."""
+    from ..io.checkpoint import load
+    from ..io.hf import CONFIG, to_hf
+
     model = load(args.checkpoint, device="cpu")
     folder = to_hf(model, args.folder, model_type=args.model_type)
     family = json.loads((folder / CONFIG).read_text(encoding="utf-8"))["model_type"]

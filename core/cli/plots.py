@@ -8,20 +8,6 @@ import os
 import sys
 
 from ..errors import InputError
-from ..io.checkpoint import load
-from ..lab.experiments import run_experiment
-from ..lab.plots import (
-    PositionPicture,
-    attention_panels,
-    describe_position,
-    load_metrics,
-    plot_attention,
-    plot_metrics,
-    plot_positions,
-    position_schemes,
-    require_matplotlib,
-)
-from ..registry import tokenizer
 
 
 def register_cli(add) -> dict:
@@ -57,6 +43,8 @@ def register_cli(add) -> dict:
 
 
 def _cmd_plot(args) -> int:
+    from ..lab.plots import load_metrics, plot_metrics
+
     metrics = load_metrics(args.metrics)
     output = args.output or os.path.splitext(args.metrics)[0] + ".png"
     title = args.title if args.title is not None else os.path.basename(args.metrics)
@@ -65,6 +53,10 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_attention(args) -> int:
+    from ..io.checkpoint import load
+    from ..lab.plots import attention_panels, plot_attention, require_matplotlib
+    from ..registry import tokenizer
+
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     require_matplotlib()  # reported before the model loads
@@ -77,6 +69,8 @@ def _cmd_attention(args) -> int:
 
 
 def _cmd_positions(args) -> int:
+    from ..lab.plots import PositionPicture, describe_position, plot_positions, position_schemes, require_matplotlib
+
     if args.length is not None and args.length < 2:
         raise InputError(f"--length must be >= 2, got {args.length}")
     require_matplotlib()
@@ -97,6 +91,8 @@ def _cmd_positions(args) -> int:
 
 
 def _cmd_experiment(args) -> int:
+    from ..lab.experiments import run_experiment
+
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log)
     print(f"{result.title}\n\n{result.markdown()}\n\n{result.seconds} s; wrote "

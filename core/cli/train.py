@@ -6,19 +6,10 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
-
 from ..errors import CheckpointError, InputError
 from ..files import write_text_atomic
-from ..interfaces import MaskedLanguageModel
-from ..io.build import instantiate
-from ..io.checkpoint import load, load_weights, read_metadata, read_recipe
-from ..recipe import resolve
-from ..registry import tokenizer
 from ..schema import dotted
 from ..schema import instantiate as instantiate_section
-from ..train.token_batches import data_override
-from ..train.training import Distributed, TrainConfig, check_resumable, held_out_summary, train
 
 
 def register_cli(add) -> dict:
@@ -49,6 +40,8 @@ def register_cli(add) -> dict:
 
 def apply_threads(threads: int | None) -> None:
     """``--threads`` / ``runtime.threads``: torch's CPU threads (unset: torch's default)."""
+    import torch
+
     if threads is not None:
         if threads < 1:
             raise InputError(f"--threads must be >= 1, got {threads}")
@@ -97,6 +90,8 @@ def _check_resume(given: dict, saved: dict, checkpoint: str, recipe: str) -> lis
 def _init_from(model, checkpoint: str) -> None:
     """Fine-tuning: ``model`` (built from the run's recipe) takes the checkpoint's weights, which
     must fit it tensor for tensor, and the checkpoint's tokenizer."""
+    from ..io.checkpoint import load_weights, read_metadata, read_recipe
+
     metadata = read_metadata(checkpoint)
     saved = read_recipe(checkpoint, metadata)
     load_weights(model, checkpoint, metadata, same_dtype=False)
@@ -106,6 +101,16 @@ def _init_from(model, checkpoint: str) -> None:
 
 
 def _cmd_train(args) -> int:
+    import torch
+
+    from ..interfaces import MaskedLanguageModel
+    from ..io.build import instantiate
+    from ..io.checkpoint import load, read_metadata, read_recipe
+    from ..recipe import resolve
+    from ..registry import tokenizer
+    from ..train.token_batches import data_override
+    from ..train.training import Distributed, TrainConfig, check_resumable, held_out_summary, train
+
     checkpoint = args.resume or args.init
     if args.recipe is None and checkpoint is None:
         raise InputError("seqzoo train: give a recipe (a path or a shipped name such as tiny-gpt), or "

@@ -4,7 +4,6 @@ Face ``tokenizers`` (``train_bpe``), so raw text becomes a BPE model's shards in
 """
 from __future__ import annotations
 
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,10 +27,10 @@ def resolve_tokenizer(argument: str) -> TokenizerInfo:
     if argument.endswith(".safetensors"):
         metadata = read_metadata(path)
         recipe = read_recipe(path, metadata)
-        model = types.SimpleNamespace(recipe=recipe, tokenizer_state=metadata.get("seqzoo.tokenizer"))
+        state = metadata.get("seqzoo.tokenizer")
         spec = recipe.get("tokenizer", "bytes")
         spec = {"kind": spec} if isinstance(spec, str) else dict(spec)
-        return TokenizerInfo(tokenizer(model), spec, metadata.get("seqzoo.tokenizer") if spec["kind"] == "hf" else None)
+        return TokenizerInfo(tokenizer(recipe, state=state), spec, state if spec["kind"] == "hf" else None)
     if path.is_dir():
         path = path / "tokenizer.json"
     if path.suffix == ".json" or path.exists():

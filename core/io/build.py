@@ -1,10 +1,12 @@
 """Recipe -> model."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..errors import ConfigError, SeqzooError
 from ..interfaces import LanguageModel
@@ -60,9 +62,9 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
     component = registry().get("model", params.pop("kind"))
     try:
         if target.type != "meta":
-            with torch.device("meta"):  # the structure alone, to refuse what cannot fit
+            with torch.device("meta"), SkipMetaInit():  # the structure alone, to refuse what cannot fit
                 check_fits(call_with(component.cls, params), torch_dtype, target)
-        with target:
+        with target, SkipMetaInit() if target.type == "meta" else contextlib.nullcontext():
             model = call_with(component.cls, params)
     except ConfigError as error:
         raise resolved.error(("model",), str(error)) from None
@@ -72,6 +74,23 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
     model.recipe = data
     model.components = provenance(resolved)
     return model
+
+
+class SkipMetaInit(TorchFunctionMode):
+    """Random and constant initialisation of a meta tensor does nothing: it has no values. Skipping it
+    skips torch's Python meta kernels for ``normal_`` and ``uniform_``, whose first call imports
+    torch._dynamo (over a second): a structure-only build (``seqzoo show``, the size check before
+    every build) costs milliseconds instead."""
+
+    FILLS = frozenset({"normal_", "uniform_", "trunc_normal_", "zeros_", "ones_", "constant_", "zero_", "fill_",
+                       "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "orthogonal_"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensor = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
+        if isinstance(tensor, torch.Tensor) and tensor.is_meta and getattr(func, "__name__", "") in self.FILLS:
+            return tensor
+        return func(*args, **kwargs)
 
 
 def available_memory(device: torch.device) -> int | None:

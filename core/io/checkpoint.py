@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError, RecipeError, RegistryError, SeqzooError, few, first_line
 from ..files import FolderNotWritable, atomic_write
+from ..interfaces import Model
 from ..recipe import parse_requirement, resolve
 from ..registry import canonical_name, installed_version, registry, tokenizer
 from .build import instantiate, pick_device
@@ -63,9 +64,9 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
     ``read_extras``.
     """
     model = unwrap(model)
-    recipe = getattr(model, "recipe", None)
-    if recipe is None:
+    if not isinstance(model, Model) or model.recipe is None:
         raise SeqzooError("model has no .recipe; build it with seqzoo.build so it can be rebuilt on load")
+    recipe = model.recipe
     recipe = _with_actual_dtype(recipe, model)
     tied = tied_names(model)  # stored once, under the first name
     state = model.state_dict() if state is None else state  # a sharded model's gathered weights
@@ -76,7 +77,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
     metadata = {
         "seqzoo.format": FORMAT,
         "seqzoo.recipe": json.dumps(recipe, sort_keys=True),
-        "seqzoo.components": json.dumps(getattr(model, "components", {}), sort_keys=True),
+        "seqzoo.components": json.dumps(model.components or {}, sort_keys=True),
         "seqzoo.tied": json.dumps(tied, sort_keys=True),
         **(extra_metadata or {}),
     }
@@ -105,15 +106,12 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
 def _tokenizer_state(model: nn.Module) -> str | None:
     """The tokenizer's own serialised form (an hf tokenizer's tokenizer.json text), so the checkpoint
     rebuilds it without the file it came from; None for tokenizers that need nothing (bytes)."""
-    state = getattr(model, "tokenizer_state", None)
+    state = model.tokenizer_state
     if state is None:
-        spec = model.recipe.get("tokenizer", "bytes")
-        kind = spec if isinstance(spec, str) else spec.get("kind")
-        if callable(getattr(registry().get("tokenizer", kind).cls, "to_str", None)):
-            try:
-                state = tokenizer(model).to_str()
-            except SeqzooError as error:  # the weights are still worth saving
-                warnings.warn(f"the tokenizer is not stored in the checkpoint: {error}", stacklevel=3)
+        try:
+            state = tokenizer(model).to_str()
+        except SeqzooError as error:  # the weights are still worth saving
+            warnings.warn(f"the tokenizer is not stored in the checkpoint: {error}", stacklevel=3)
     return state
 
 

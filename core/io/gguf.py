@@ -32,6 +32,7 @@ from torch import nn
 from ..errors import CheckpointError, few
 from ..registry import registry, tokenizer
 from .checkpoint import unwrap
+from .gguf_types import WRITABLE
 from .hf import load_converted
 
 INSTALL = "pip install 'seqzoo[gguf]' (the gguf package)"
@@ -268,7 +269,6 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32") ->
 
 
 #: The tensor types ``to_gguf`` writes.
-WRITABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
 
 def _encoded(gguf, tensor: torch.Tensor, kind: str):
@@ -285,7 +285,7 @@ def _encoded(gguf, tensor: torch.Tensor, kind: str):
 
 def _tokenizer_document(model: nn.Module) -> dict:
     tok = tokenizer(model)
-    text = tok.to_str() if hasattr(tok, "to_str") else (tok.to_hf_files() or {}).get("tokenizer.json")
+    text = tok.to_str() or (tok.to_hf_files() or {}).get("tokenizer.json")
     if not text:
         raise CheckpointError("export-gguf: the model's tokenizer has no tokenizer.json form to write")
     return json.loads(text)

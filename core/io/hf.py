@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError, SeqzooError, few
 from ..files import atomic_write, write_text_atomic
-from ..interfaces import LanguageModel
+from ..interfaces import LanguageModel, Model
 from ..recipe import resolve
 from ..registry import registry, tokenizer
 from .build import check_fits, instantiate, pick_device
@@ -219,7 +219,7 @@ def uniform_problem(model: dict) -> str | None:
     """Why a model section is not a uniform stack of attention layers with the 2023 block options
     (a per-layer pattern, another mixer, a parallel residual, softcaps, sinks), or None. Families
     whose Hugging Face classes have none of these refuse such models rather than drop a part."""
-    attn = model["attention"]
+    attn = model["attention"] or {}
     return first_problem(
         (model.get("pattern") is None and not model.get("layer_overrides"),
          "model.pattern: layers differ; this family's layers are all alike"),
@@ -242,7 +242,7 @@ def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, t
     problem = uniform_problem(model)
     if problem:
         return problem
-    attn, act = model["attention"], ffn_activation(model["ffn"], tanh_name)
+    attn, act = model["attention"] or {}, ffn_activation(model["ffn"], tanh_name)
     return first_problem(
         (kind_of(model["position"]) == position,
          f"model.position is {kind_of(model['position'])}, needs {position}"),
@@ -251,8 +251,8 @@ def decoder_problem(model: dict, *, position: str, norm: str, ffn_gated: bool, t
         (act is not None, f"model.ffn {kind_of(model['ffn'])} has no Hugging Face activation name"),
         (act is None or act[1] == ffn_gated,
          f"model.ffn is {'gated' if act and act[1] else 'ungated'}, needs {'gated' if ffn_gated else 'ungated'}"),
-        (qk_norm or attn["qk_norm"] is None, "model.attention.qk_norm is set; this family has none"),
-        (not qk_norm or attn["qk_norm"] is not None, "model.attention.qk_norm is null; this family has one"),
+        (qk_norm or attn.get("qk_norm") is None, "model.attention.qk_norm is set; this family has none"),
+        (not qk_norm or attn.get("qk_norm") is not None, "model.attention.qk_norm is null; this family has one"),
         (not model["scale_embeddings"], "model.scale_embeddings is true; this family has none"),
     )
 
@@ -634,9 +634,9 @@ def _check_weights(converter: HFConverter, config: dict, folder: Path, model: nn
 def exporter_for(model: nn.Module, model_type: str | None = None) -> HFConverter:
     """The converter that exports ``model``: the one named, or the only one that accepts it
     (named-only families count when no other family accepts it)."""
-    recipe = getattr(model, "recipe", None)
-    if recipe is None:
+    if not isinstance(model, Model) or model.recipe is None:
         raise SeqzooError("model has no .recipe; build, load or import it with seqzoo")
+    recipe = model.recipe
     if model_type is not None:
         converter = converter_for(model_type, "model_type")
         reason = converter.accepts(recipe)
@@ -700,15 +700,14 @@ def _write_tokenizer(model: nn.Module, folder: Path) -> None:
     kind = kind_of(spec)
     tok = tokenizer(model)
     if kind != "hf":
-        export = getattr(tok, "to_hf_files", None)
-        if not callable(export):
-            warnings.warn(f"{folder}: no tokenizer written: the {kind!r} tokenizer has no Hugging Face "
-                          f"form (it defines no to_hf_files())", stacklevel=3)
-            return
         try:
-            files = export()
+            files = tok.to_hf_files()
         except SeqzooError as error:  # the weights are still worth exporting
             warnings.warn(f"{folder}: no tokenizer written: {error}", stacklevel=3)
+            return
+        if files is None:
+            warnings.warn(f"{folder}: no tokenizer written: the {kind!r} tokenizer has no Hugging Face "
+                          f"form (its to_hf_files() gives none)", stacklevel=3)
             return
         for name, content in files.items():
             write_text_atomic(folder / name, content)
@@ -727,8 +726,8 @@ def _write_tokenizer(model: nn.Module, folder: Path) -> None:
                 atomic_write(folder / name, lambda tmp, name=name: shutil.copyfile(source / name, tmp))
                 copied = copied or name == "tokenizer_config.json"
     if not copied and not (folder / "tokenizer_config.json").exists():
-        special = {key: tok.token(getattr(tok, f"{key.split('_')[0]}_id"))
-                   for key in ("bos_token", "eos_token", "pad_token")}
+        special = {"bos_token": tok.token(tok.bos_id), "eos_token": tok.token(tok.eos_id),
+                   "pad_token": tok.token(tok.pad_id)}
         config = {"tokenizer_class": "PreTrainedTokenizerFast",
                   **{k: v for k, v in special.items() if v is not None}}
         write_text_atomic(folder / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..errors import InputError, SeqzooError
 from ..files import atomic_write
 from ..functional import expand_kv, masked_softmax_attend
-from ..interfaces import PositionScheme
+from ..interfaces import LanguageModel, PositionScheme
 from ..io.build import instantiate
 from ..io.checkpoint import load
 from ..nn.attention import MultiHeadAttention
@@ -187,7 +187,7 @@ def record_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
             if not isinstance(module, MultiHeadAttention):
                 continue
             score = module.score
-            if getattr(score, "normalization", "softmax") != "softmax":
+            if score.normalization != "softmax":
                 raise PlotError(f"{name}: score {type(score).__name__} normalises with "
                                 f"{score.normalization}, not softmax; its weights cannot be recorded")
             if "attend" in vars(score):
@@ -215,7 +215,7 @@ class AttentionPanel:
 def token_labels(tokenizer, ids: list[int]) -> list[str]:
     """A short printable label per token id: specials by name, spaces as ␣, control characters
     and partial UTF-8 as ``#id``."""
-    names = {getattr(tokenizer, f"{n}_id", None): f"<{n}>" for n in ("pad", "bos", "eos")}
+    names = {tokenizer.pad_id: "<pad>", tokenizer.bos_id: "<bos>", tokenizer.eos_id: "<eos>"}
     labels = []
     for i in ids:
         if i in names and i is not None:
@@ -233,38 +233,38 @@ def attention_panels(model: nn.Module, tokenizer, prompt: str, max_new_tokens: i
     Transformers (decoder_lm, encoder, encoder_decoder): one panel per attention module (encoder
     self-attention, decoder self-attention, cross-attention), recorded in one forward over the
     prompt and its continuation. Recurrent seq2seq with attention: the source–target alignment
-    ``last_attention`` (T, S) of the greedy decode. Others: PlotError.
+    ``last_alignment`` (T, S) of the greedy decode. Others: PlotError.
     """
     model.eval()
     device = next(model.parameters()).device
-    kind = model.recipe["model"]["kind"] if hasattr(model, "recipe") else type(model).__name__
+    kind = model.recipe["model"]["kind"] if model.recipe is not None else type(model).__name__
     eos = tokenizer.eos_id
     has_mha = any(isinstance(m, MultiHeadAttention) for m in model.modules())
-    seq2seq = hasattr(model, "encode")
+    seq2seq = model.family == "seq2seq"
     if seq2seq:
         src = tokenizer.encode(prompt) + ([eos] if eos is not None else [])
     else:
         src = tokenizer.encode(prompt) or [tokenizer.bos_id if tokenizer.bos_id is not None else 0]
     src_ids = torch.tensor([src], device=device)
-    if not has_mha and not hasattr(model, "last_attention"):
-        raise PlotError(f"{kind} has no attention to plot; attention maps need a Transformer "
-                        f"(decoder_lm, encoder, encoder_decoder) or an rnn_seq2seq with attention")
-    if hasattr(model, "last_attention") and not has_mha:
-        if getattr(model, "attention", None) is None:
+    if not has_mha and not model.records_alignment:
+        if seq2seq:
             raise PlotError(f"{kind} was built with attention: none; its decoder reads only the encoder's "
                             f"final state, so there is no alignment to plot")
-        model.last_attention = None
+        raise PlotError(f"{kind} has no attention to plot; attention maps need a Transformer "
+                        f"(decoder_lm, encoder, encoder_decoder) or an rnn_seq2seq with attention")
+    if not has_mha:
+        model.last_alignment = None
         out = generate(model, src_ids, max(max_new_tokens, 1), eos_id=eos)[0, 1:].tolist()
-        weights = model.last_attention[0].float().cpu()  # (T, S)
+        weights = model.last_alignment[0].float().cpu()  # (T, S)
         return [AttentionPanel(f"{kind}: source–target alignment", weights[None],
                                token_labels(tokenizer, out[: weights.shape[0]]), token_labels(tokenizer, src),
                                row_axis="output token", col_axis="source token")]
-    limit = model.recipe["model"].get("max_seq_len") if hasattr(model, "recipe") else None
+    limit = model.max_positions
     budget = max_new_tokens
     if limit is not None:  # learned position tables end at max_seq_len
         budget = max(0, min(budget, limit - (1 if seq2seq else len(src))))
     new: list[int] = []
-    if budget and hasattr(model, "start_generation"):
+    if budget and isinstance(model, LanguageModel):
         out = generate(model, src_ids, budget, eos_id=eos)
         new = out[0, 1 if seq2seq else len(src):].tolist()
         if eos in new:  # eos ends the answer; it is never an input
@@ -350,22 +350,21 @@ def rotary_wavelengths(scheme: PositionScheme, length: int | None = None) -> dic
     (when the scheme has ``base`` and ``rotary_dim``), and the ``attention_factor`` (cos/sin
     amplitude). Tensors are float64, (P,).
     """
-    scaling = getattr(scheme, "scaling", None)
-    context = getattr(scaling, "original_max_seq_len", None) or scheme.max_seq_len
+    rotary = scheme.rotary()
+    context = rotary.context
     if length is None:
-        length = int(round(context * getattr(scaling, "factor", 1.0))) if scaling is not None else context
+        length = int(round(context * rotary.factor))
     positions = torch.arange(max(length, 2))[None]
     with torch.no_grad():
-        cos, sin = scheme.angles(positions)  # (1, 1, T, P)
+        cos, sin = rotary.angles(positions)  # (1, 1, T, P)
     cos, sin = cos[0, 0].double(), sin[0, 0].double()
     factor = float(torch.hypot(cos[0], sin[0]).mean())
     omega = torch.atan2(sin[1], cos[1])  # p = 1: θ = ω' (ω' <= 1 < π, no wrap)
     out = {"pair": torch.arange(omega.shape[0]), "scaled": 2 * math.pi / omega, "attention_factor": factor,
            "context": int(context), "length": int(length)}
-    if hasattr(scheme, "base") and hasattr(scheme, "rotary_dim"):
-        d = scheme.rotary_dim
-        k = torch.arange(d // 2, dtype=torch.float64)
-        out["original"] = 2 * math.pi * float(scheme.base) ** (2 * k / d)
+    d = rotary.rotary_dim
+    k = torch.arange(d // 2, dtype=torch.float64)
+    out["original"] = 2 * math.pi * rotary.base ** (2 * k / d)
     return out
 
 
@@ -414,7 +413,7 @@ class PositionPicture:
 def describe_position(scheme: PositionScheme, name: str, length: int | None = None) -> PositionPicture:
     """Classify ``scheme`` by the hooks it overrides and compute the numbers to draw."""
     label = f"{name} ({'causal' if scheme.causal else 'bidirectional'})"
-    if callable(getattr(scheme, "angles", None)) and _overrides(scheme, "rotate"):
+    if scheme.rotary() is not None and _overrides(scheme, "rotate"):
         return PositionPicture("rotary", label, rotary_wavelengths(scheme, length))
     if _overrides(scheme, "bias"):
         span = length or min(scheme.max_seq_len - 1, 256)
@@ -428,7 +427,7 @@ def describe_position(scheme: PositionScheme, name: str, length: int | None = No
         return PositionPicture("absolute", label, {"table": absolute_table(scheme, span)})
     if _overrides(scheme, "rotate"):
         return PositionPicture("nothing", label, note=f"{type(scheme).__name__} changes q/k without "
-                               f"per-pair angles (no angles()); nothing to plot")
+                               f"per-pair angles (its rotary() gives none); nothing to plot")
     order = ("order comes only from the causal mask" if scheme.causal
              else "attention cannot tell positions apart")
     return PositionPicture("nothing", label, note=f"no position signal is added (embed, rotate and bias are "

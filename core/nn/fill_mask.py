@@ -40,8 +40,7 @@ class Prediction(NamedTuple):
 def _token_text(tok: Tokenizer, token_id: int) -> str:
     """What one id reads as: its decoded text, or its vocabulary entry for special tokens."""
     text = tok.decode([token_id])
-    entry = getattr(tok, "token", None)  # hf tokenizers name every id, special ones included
-    return text if text or not callable(entry) else (entry(token_id) or f"[{token_id}]")
+    return text or tok.token(token_id) or f"[{token_id}]"  # special ids decode to nothing; their name
 
 
 def mask_token(tok: Tokenizer, vocab_size: int) -> MaskToken:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, SeqzooError
-from ..interfaces import LanguageModel, RopeScaling
+from ..interfaces import LanguageModel, Model, RopeScaling
 from ..registry import tokenizer
 from .blocks import check_position_limit
 
@@ -149,7 +149,7 @@ FROM_TOKENIZER = _FromTokenizer()
 
 def model_eos(model: nn.Module) -> int | None:
     """The eos id of the tokenizer a model's recipe names (None without a recipe or an eos)."""
-    if not isinstance(getattr(model, "recipe", None), dict) or "tokenizer" not in model.recipe:
+    if not isinstance(model, Model) or model.recipe is None or "tokenizer" not in model.recipe:
         return None
     try:
         return tokenizer(model).eos_id

@@ -5,17 +5,20 @@ import math
 
 from torch import nn
 
+from ..interfaces import Part
+
 
 def init_weights(model: nn.Module, std: float, layers: int, residual_names: tuple[str, ...] = ()) -> None:
     """Linear and Embedding weights ~ N(0, std), biases 0. Projections whose last name part is one of
     ``residual_names`` (the ones writing into the residual stream) get std / √(2·layers) (GPT-2), so
-    the residual stream's variance does not grow with depth. A module with ``own_init = True`` (a
-    component with an initialisation of its own) is left as its constructor made it."""
+    the residual stream's variance does not grow with depth. A component that declares
+    ``own_init`` (``seqzoo.interfaces.Part``: an initialisation of its own) is left as its
+    constructor made it."""
     skip: set[str] = set()
     for name, module in model.named_modules():
         if any(name.startswith(prefix) for prefix in skip):
             continue
-        if getattr(module, "own_init", False):
+        if isinstance(module, Part) and module.own_init:
             skip.add(name + "." if name else "")  # "" (the root itself) skips everything
             continue
         if isinstance(module, nn.Linear):

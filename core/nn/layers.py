@@ -28,12 +28,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import yaml
 from torch import nn
 
 from ..errors import closest
 from ..interfaces import CORE_ARGS, PositionScheme
 from ..registry import registry
-from ..schema import SchemaError, Validator, instantiate
+from ..schema import SchemaError, Validator, dotted, instantiate
 from .attention import AttentionConfig, MultiHeadAttention, check_attention
 from .blocks import Placement, Residual, TransformerBlock, TransformerStack
 
@@ -54,7 +55,7 @@ class LayerPlan:
 
     type: str | None
     mixer: dict
-    attention: AttentionConfig
+    attention: AttentionConfig | None  # None: the model has no attention: section, and no layer attends
     position: dict
     ffn: dict | None  # None: no feed-forward sublayer
     norm: dict
@@ -173,8 +174,10 @@ def _resolve(base: dict, override: dict, model_path: tuple, where: tuple, dim: i
     written (``where`` for the type's own keys, ``model_path`` for the model's)."""
     part = {key: merge(base[key], override[key]) if key in override else base[key] for key in LAYER_KEYS}
     at = lambda key: (*where, key) if key in override else (*model_path, key)  # noqa: E731
-    attention = validator.params(AttentionConfig, part["attention"], at("attention"))
-    check_attention(attention, dim, at("attention"))
+    attention = None
+    if part["attention"] is not None:
+        attention = validator.params(AttentionConfig, part["attention"], at("attention"))
+        check_attention(attention, dim, at("attention"))
     position = validator.spec("position", part["position"], at("position"))
     if "position" in override and _embeds(position["kind"]) and part["position"] != base["position"]:
         raise SchemaError(at("position"), f"{position['kind']!r} adds to the token embeddings, which every "
@@ -186,8 +189,14 @@ def _resolve(base: dict, override: dict, model_path: tuple, where: tuple, dim: i
     if mixer["kind"] == "attention" and mixer != _attention_defaults(validator, at("mixer")):
         raise SchemaError(at("mixer"), "an attention mixer takes its parameters from the attention: section; "
                                        "write mixer: attention and set heads, window, ... under attention:")
+    if mixer["kind"] == "attention" and attention is None:
+        layer = f"{dotted(where)}'s" if where != model_path else "the layers'"
+        raise SchemaError(at("attention"), f"missing required key 'attention': {layer} mixer is attention (the "
+                                           f"default when mixer is null); give attention: {{heads: H, ...}} or "
+                                           f"another mixer")
     return LayerPlan(
-        type=None, mixer=mixer, attention=instantiate(attention, AttentionConfig), position=position,
+        type=None, mixer=mixer, attention=None if attention is None else instantiate(attention, AttentionConfig),
+        position=position,
         ffn=None if part["ffn"] is None else validator.spec("ffn", part["ffn"], at("ffn")),
         norm=validator.spec("norm", part["norm"], at("norm")),
         placement=validator.value(part["placement"], Placement, at("placement")),
@@ -280,6 +289,8 @@ def build_stack(model: dict, *, layers_key: str = "layers", causal: bool, cross:
     for spec, config, mixer in [(model["position"], base, None),
                                 *((plan.position, plan.attention, plan.mixer) for plan in plans)]:
         own = registry().get("mixer", mixer["kind"]).cls.position_dims(mixer, dim) if mixer else None
+        if config is None:  # no layer attends: the scheme (none, or an absolute table) sees one wide head
+            config = AttentionConfig(heads=1)
         d, heads = own or (config.head_dim or dim // config.heads, config.heads)
         key = repr((sorted(spec.items()) if isinstance(spec, dict) else spec, d, heads))
         if key not in schemes:
@@ -354,5 +365,15 @@ def _summary(override: dict) -> str:
             continue
         if "kind" in value:
             words.append(f"{key} {value['kind']}")
-        words += [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items() if k != "kind"]
+        words += [f"{k} {_flow(v)}" for k, v in value.items() if k != "kind"]
     return ", ".join(words)
+
+
+def _flow(value: Any) -> str:
+    """A recipe value as a recipe writes it: 512, 1e+06, {kind: swiglu, hidden: 64} (YAML's flow
+    style, not a Python dict)."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 16).strip()
+    return str(value)

@@ -61,13 +61,14 @@ class CheckResult:
 
 def example_params(kind: str, name: str) -> dict:
     """The recipe parameters the kit builds ``kind/name`` with when none are given."""
-    return dict(getattr(registry().get(kind, name).cls, "example_params", None) or {})
+    return dict(registry().get(kind, name).cls.example_params)
 
 
 def checks_for(kind: str, name: str, params: dict | None = None) -> dict[str, Callable[[], None]]:
     """The named checks of one component (built with ``params`` or its ``example_params``)."""
-    params = example_params(kind, name) if params is None else params
-    return KIT[kind](name, params) if kind in KIT else {}
+    if kind not in KIT:
+        return {}
+    return KIT[kind](name, example_params(kind, name) if params is None else params)
 
 
 def check_component(kind: str, name: str, **params: object) -> list[CheckResult]:

@@ -118,7 +118,7 @@ def edit(model: nn.Module, overrides: list[str], *, dry_run: bool = False, seed:
     if dry_run:
         return None, report
     built.load_state_dict(new_state)
-    if getattr(model, "tokenizer_state", None) is not None:
+    if model.tokenizer_state is not None:
         built.tokenizer_state = model.tokenizer_state
     built.eval()
     probe = probe if probe is not None else torch.randint(3, old["vocab_size"], (2, min(32, old["max_seq_len"])),

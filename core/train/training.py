@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import TrainConfig  # the train: section's schema; still importable from here
-from ..errors import SeqzooError, TrainingError
+from ..errors import SeqzooError, TrainingError, TrainingInterrupted
 from ..interfaces import IGNORE, Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
 from ..io.checkpoint import check_can_save, read_extras, save
 from ..registry import registry
@@ -40,14 +40,6 @@ from .progress import progress
 from .token_batches import TokenExamples
 
 __all__ = ["IGNORE", "Examples", "TrainConfig", "TrainingError", "example_rng", "lr_factor", "train"]
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped training at a step boundary; ``message`` says where the checkpoint is."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class _StopRequests:

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Literal
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from seqzoo.interfaces import Activation
 from seqzoo.registry import builtin
 
 
 @builtin("x·Φ(x), exact erf or tanh approximation (BERT, GPT-2)")
-class Gelu(nn.Module):
+class Gelu(Activation):
     """approximate: none (exact, erf; BERT, PyTorch's default) or tanh (GPT-2). Default none."""
 
     def __init__(self, approximate: Literal["none", "tanh"] = "none") -> None:

@@ -5,13 +5,14 @@ Not the same function as GELU (errors up to ~0.02): CLIP checkpoints need this o
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from seqzoo.interfaces import Activation
 from seqzoo.registry import builtin
 
 
 @builtin("x·σ(1.702x), CLIP's fast GELU stand-in")
-class QuickGelu(nn.Module):
+class QuickGelu(Activation):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from seqzoo.interfaces import Activation
 from seqzoo.registry import builtin
 
 
 @builtin("max(0, x) (Vaswani 2017, OPT)")
-class Relu(nn.Module):
+class Relu(Activation):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from seqzoo.interfaces import Activation
 from seqzoo.registry import builtin
 
 
 @builtin("1 / (1 + e^(-x)) (the original GLU gate)")
-class Sigmoid(nn.Module):
+class Sigmoid(Activation):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -5,13 +5,14 @@ The gate of SwiGLU (Shazeer, 2020; LLaMA, Mistral).
 from __future__ import annotations
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from seqzoo.interfaces import Activation
 from seqzoo.registry import builtin
 
 
 @builtin("x·σ(x), Swish-1 (SwiGLU in LLaMA, Mistral)", aliases=("swish",))
-class Silu(nn.Module):
+class Silu(Activation):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from seqzoo.interfaces import Activation
 from seqzoo.registry import builtin
 
 
 @builtin("tanh(x), range (-1, 1)")
-class Tanh(nn.Module):
+class Tanh(Activation):
     """No recipe params."""
 
     def forward(self, x: Tensor) -> Tensor:

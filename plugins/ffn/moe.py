@@ -140,6 +140,12 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
         return ({"balance_loss": (self.coefficients["balance_loss"], balance),
                  "z_loss": (self.coefficients["z_loss"], z)}, {"expert_load": load})
 
+    def active_parameters(self) -> int:
+        """The router, the shared expert and ``top_k`` of the ``experts`` routed ones."""
+        total = sum(p.numel() for p in self.parameters())
+        routed = sum(p.numel() for p in self.experts.parameters())
+        return total - routed + routed * self.top_k // self.count
+
     def extra_repr(self) -> str:
         return (f"experts={self.count}, top_k={self.top_k}, routed_scale={self.routed_scale}, "
                 f"capacity_factor={self.capacity_factor}")

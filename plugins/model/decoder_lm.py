@@ -24,7 +24,8 @@ from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec, Validat
 
 @builtin("decoder-only causal LM (GPT-2, LLaMA, Mistral, BLOOM)", aliases=("gpt",))
 class DecoderLM(LanguageModel):
-    """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention (see AttentionConfig),
+    """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention (see AttentionConfig; null
+    when no layer attends, as in a pure Mamba stack),
     ffn (default gelu; null: layers without one, as Mamba's), position (default learned), norm
     (default layernorm), placement (pre|post),
     tie_embeddings (share the LM head with the token embedding; true), embed_norm (a norm right
@@ -42,7 +43,7 @@ class DecoderLM(LanguageModel):
     supports_documents = True
 
     def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
-                 max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] | None = "gelu",
+                 max_seq_len: Size, attention: AttentionConfig | None = None, ffn: Spec["ffn"] | None = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "pre", tie_embeddings: bool = True,
                  embed_norm: Spec["norm"] | None = None, scale_embeddings: bool = False,
@@ -66,7 +67,8 @@ class DecoderLM(LanguageModel):
 
     @classmethod
     def check_recipe(cls, model: dict, path: tuple, validator: Validator) -> None:
-        check_attention(model["attention"], model["dim"], (*path, "attention"))
+        if model["attention"] is not None:  # a model whose layers never attend needs no section
+            check_attention(model["attention"], model["dim"], (*path, "attention"))
         check_layers(model, path, validator)
 
     def tie_weights(self) -> None:

@@ -72,8 +72,7 @@ class RNNSeq2Seq(LanguageModel):
         self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, layers)
         self.tie_weights()
-        #: Attention weights (B, T, S) of the last forward or decode, for plotting.
-        self.last_attention: Tensor | None = None
+        self.records_alignment = self.attention is not None  # last_alignment: (B, T, S), for the plots
 
     @classmethod
     def check_recipe(cls, model: dict, path: tuple, validator: object = None) -> None:
@@ -162,7 +161,7 @@ class RNNSeq2Seq(LanguageModel):
                     gold = torch.rand(prev.shape, device=prev.device) < self.teacher_forcing
                     prev = torch.where(gold, prev, own)
         if self.attention is not None:
-            self.last_attention = torch.stack(weights, dim=1).detach()  # (B, T, S)
+            self.last_alignment = torch.stack(weights, dim=1).detach()  # (B, T, S)
         return torch.stack(logits, dim=1)
 
     def _decode_teacher_forced(self, tgt_ids: Tensor, state: list) -> Tensor:
@@ -207,7 +206,7 @@ class RecurrentSeq2SeqSession:
         logits, self.state, weights = self.model.step(self.ids[:, -1], self.state, self.memory, self.mask)
         if weights is not None:
             self.weights.append(weights)
-            self.model.last_attention = torch.stack(self.weights, dim=1)
+            self.model.last_alignment = torch.stack(self.weights, dim=1)
         return logits.float()
 
     def reorder(self, rows: Tensor) -> None:

@@ -15,7 +15,7 @@ from torch import Tensor
 import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.functional import upcast
-from seqzoo.interfaces import PositionScheme
+from seqzoo.interfaces import PositionScheme, Rotary
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt, Spec
 
@@ -60,6 +60,12 @@ class Rope(PositionScheme):
         self.base = base
         self.interleaved = interleaved
         self.scaling = seqzoo.registry().create("rope_scaling", scaling) if scaling else None
+
+    def rotary(self) -> Rotary:
+        scaling = self.scaling
+        context = (scaling.original_max_seq_len if scaling is not None else None) or self.max_seq_len
+        return Rotary(self.angles, float(self.base), self.rotary_dim, context,
+                      scaling.factor if scaling is not None else 1.0)
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin of p·ω_k for positions (B|1, T) -> (B|1, 1, T, d_r/2), float32."""

@@ -32,7 +32,7 @@ def test_attention_weights_sum_to_one_over_real_positions_and_zero_on_padding(at
     lengths = torch.tensor([8, 5])
     with torch.no_grad():
         model(src, tgt, src_lengths=lengths)
-    weights = model.last_attention  # (B, T, S)
+    weights = model.last_alignment  # (B, T, S)
     assert weights.shape == (2, 4, 8)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4))
     assert torch.all(weights[1, :, 5:] == 0)
