@@ -20,6 +20,7 @@ The registry is built once per process, on first use, so ``import seqzoo`` stays
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -29,6 +30,7 @@ import pkgutil
 import re
 import sys
 import threading
+import typing
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, entry_points, packages_distributions, version
 from pathlib import Path
@@ -39,7 +41,7 @@ import pluggy
 from . import hookspecs
 from .errors import RegistryError, closest, first_line, unknown_name
 from .interfaces import BASES, CORE_ARGS, Model
-from .schema import SchemaError, Validator, call_with
+from .schema import SchemaError, Validator, call_with, spec_kind
 
 ENTRY_POINT_GROUP = "seqzoo"
 _TRUE = ("1", "true", "yes", "on")
@@ -183,7 +185,19 @@ class Registry:
         if missing:
             raise TypeError(f"creating {kind} {component.name!r} needs core arguments {missing}")
         ordered = list(core_args) + [kwargs.pop(a) for a in core[len(core_args):]]
-        return call_with(component.cls, {**params, **kwargs}, *ordered)
+        return call_with(component.cls, {**self.factories(component.cls, params), **kwargs}, *ordered)
+
+    def factories(self, cls: type, params: dict) -> dict:
+        """``params`` with every ``Spec[kind]`` parameter's spec turned into a factory of that
+        component (``create`` bound to this registry), so a constructor builds its parts without
+        asking for the registry, and a test can hand it any ``nn.Module`` factory instead."""
+        hints = typing.get_type_hints(cls.__init__, include_extras=True)
+        out = dict(params)
+        for name, value in params.items():
+            kind = spec_kind(hints.get(name))
+            if kind is not None and value is not None:
+                out[name] = functools.partial(self.create, kind, value)
+        return out
 
     def resolve(self, kind: str, name: str, path) -> tuple[type, str]:
         """For the schema validator: (class, canonical name) or a SchemaError at ``path``."""

@@ -66,10 +66,23 @@ class SpecKind:
 
 class Spec:
     """``Spec["position"]``: a registered component of that kind, by name or as a mapping
-    ``{kind: NAME, **params}``. Validated to ``{"kind": NAME, **params with defaults}``."""
+    ``{kind: NAME, **params}``. Validated to ``{"kind": NAME, **params with defaults}``.
+
+    What a recipe writes; what a component's constructor receives for such a parameter is a
+    factory of that component (``seqzoo.registry.Registry.create``): the constructor calls it with
+    the kind's core arguments, as many times as it needs parts, and never asks the registry."""
 
     def __class_getitem__(cls, kind: str):
         return Annotated[Union[str, dict], SpecKind(kind)]
+
+
+def spec_kind(hint: Any) -> str | None:
+    """The component kind a ``Spec[...]`` hint names (also inside ``X | None``), or None."""
+    if typing.get_origin(hint) is Annotated:
+        return next((e.kind for e in typing.get_args(hint)[1:] if isinstance(e, SpecKind)), None)
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return next((k for a in typing.get_args(hint) if (k := spec_kind(a)) is not None), None)
+    return None
 
 
 PositiveInt = Annotated[int, Range(lo=1)]

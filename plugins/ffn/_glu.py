@@ -9,15 +9,14 @@ MLP's 8C²; LLaMA-3 then scales by ``ffn_dim_multiplier``; the result is rounded
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import FeedForward
 from seqzoo.nn.linear import Linear
-from seqzoo.schema import Spec
 
 
 def llama_hidden(dim: int, multiple_of: int = 1, ffn_dim_multiplier: float | None = None) -> int:
@@ -30,8 +29,8 @@ def llama_hidden(dim: int, multiple_of: int = 1, ffn_dim_multiplier: float | Non
 
 
 class GLU(FeedForward):
-    """activation: the ``activation`` component on the gate branch, by name or
-    ``{kind: NAME, **params}``. hidden: F (null = LLaMA's rule, see ``llama_hidden``).
+    """activation: a factory of the gate branch's activation (``() -> nn.Module``; a registered
+    variant's recipe names it). hidden: F (null = LLaMA's rule, see ``llama_hidden``).
     multiple_of: round the derived F up to a multiple of this (1; LLaMA 256). ffn_dim_multiplier:
     scale the derived F before rounding (null; LLaMA-3 1.3). bias: on all three projections
     (false). dropout: on the gated product, before ``down``, while training (0).
@@ -43,7 +42,7 @@ class GLU(FeedForward):
     #: The registry name, for error messages.
     variant: ClassVar[str] = "glu"
 
-    def __init__(self, dim: int, activation: Spec["activation"], hidden: int | None = None,  # noqa: F821
+    def __init__(self, dim: int, activation: Callable[[], nn.Module], hidden: int | None = None,
                  multiple_of: int = 1, ffn_dim_multiplier: float | None = None, bias: bool = False,
                  dropout: float = 0.0) -> None:
         super().__init__(dim)
@@ -62,7 +61,7 @@ class GLU(FeedForward):
         self.gate = Linear(dim, hidden, bias=bias)
         self.up = Linear(dim, hidden, bias=bias)
         self.down = Linear(hidden, dim, bias=bias)
-        self.activation = seqzoo.registry().create("activation", activation)
+        self.activation = activation()
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from seqzoo.plugins.activation.gelu import Gelu
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size
 
@@ -26,5 +27,5 @@ class GeGLU(GLU):
     def __init__(self, dim: int, hidden: Size | None = None, multiple_of: PositiveInt = 1,
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
-        super().__init__(dim, {"kind": "gelu", "approximate": approximate}, hidden, multiple_of,
+        super().__init__(dim, lambda: Gelu(approximate), hidden, multiple_of,
                          ffn_dim_multiplier, bias, dropout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from seqzoo.plugins.activation.gelu import Gelu
 from seqzoo.registry import builtin
 from seqzoo.schema import Probability, Size
 
@@ -18,4 +19,4 @@ class GeluFFN(MLP):
 
     def __init__(self, dim: int, hidden: Size | None = None, bias: bool = True,
                  approximate: Literal["none", "tanh"] = "none", dropout: Probability = 0.0) -> None:
-        super().__init__(dim, {"kind": "gelu", "approximate": approximate}, hidden, bias, dropout)
+        super().__init__(dim, lambda: Gelu(approximate), hidden, bias, dropout)

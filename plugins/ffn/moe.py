@@ -30,7 +30,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import AuxiliaryLosses, FeedForward, Routing
 from seqzoo.nn.linear import Linear
@@ -74,19 +73,19 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
                  routed_scale: PositiveFloat = 1.0, capacity_factor: PositiveFloat | None = None,
                  balance_loss: NonNegativeFloat = 0.01, z_loss: NonNegativeFloat = 0.0) -> None:
         super().__init__(dim)
-        registry = seqzoo.registry()
-        if (expert if isinstance(expert, str) else expert.get("kind")) == "moe":
-            raise ConfigError("moe: an expert must be a dense ffn, not another moe")
         if shared_gate and shared is None:
             raise ConfigError("moe: shared_gate needs a shared expert (set shared)")
-        self.router = registry.create("router", router, dim, experts, top_k)
-        built = [registry.create("ffn", expert, dim) for _ in range(experts)]
+        # router, expert and shared arrive as factories (the recipe's specs, built by the registry)
+        self.router = router(dim, experts, top_k)
+        built = [expert(dim) for _ in range(experts)]
+        if isinstance(built[0], MixtureOfExperts):
+            raise ConfigError("moe: an expert must be a dense ffn, not another moe")
         # gated experts are stacked (one product per expert for gate and up, no module per expert);
         # any other dense ffn stays a list of modules
         stack = isinstance(built[0], GLU) and built[0].dropout.p == 0
         self.experts = StackedExperts(built) if stack else nn.ModuleList(built)
         self.count = experts
-        self.shared = registry.create("ffn", shared, dim) if shared is not None else None
+        self.shared = shared(dim) if shared is not None else None
         self.shared_gate = Linear(dim, 1, bias=False) if shared_gate else None
         self.top_k, self.routed_scale, self.capacity_factor = top_k, routed_scale, capacity_factor
         self.coefficients = {"balance_loss": balance_loss, "z_loss": z_loss}

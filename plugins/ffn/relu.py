@@ -1,6 +1,7 @@
 """ReLU feed-forward (Vaswani et al., 2017): W₂ · max(0, W₁ x + b₁) + b₂, F = 4·C by default."""
 from __future__ import annotations
 
+from seqzoo.plugins.activation.relu import Relu
 from seqzoo.registry import builtin
 from seqzoo.schema import Probability, Size
 
@@ -13,4 +14,4 @@ class ReluFFN(MLP):
 
     def __init__(self, dim: int, hidden: Size | None = None, bias: bool = True,
                  dropout: Probability = 0.0) -> None:
-        super().__init__(dim, "relu", hidden, bias, dropout)
+        super().__init__(dim, Relu, hidden, bias, dropout)

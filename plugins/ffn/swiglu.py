@@ -7,6 +7,7 @@ rounded up to multiple_of — LLaMA-7B (4096, 256) -> 11008; LLaMA-3-8B (4096, 1
 """
 from __future__ import annotations
 
+from seqzoo.plugins.activation.silu import Silu
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt, Probability, Size
 
@@ -23,4 +24,4 @@ class SwiGLU(GLU):
     def __init__(self, dim: int, hidden: Size | None = None, multiple_of: PositiveInt = 1,
                  ffn_dim_multiplier: PositiveFloat | None = None, bias: bool = False,
                  dropout: Probability = 0.0) -> None:
-        super().__init__(dim, "silu", hidden, multiple_of, ffn_dim_multiplier, bias, dropout)
+        super().__init__(dim, Silu, hidden, multiple_of, ffn_dim_multiplier, bias, dropout)

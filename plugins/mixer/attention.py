@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from seqzoo.nn.attention import AttentionConfig, MultiHeadAttention
-from seqzoo.nn.layers import attention_parts
+from seqzoo.nn.attention import MultiHeadAttention
 from seqzoo.registry import builtin
 from seqzoo.schema import Depth, PositiveFloat, PositiveInt, Probability, Size, Spec
 
@@ -27,10 +26,11 @@ class AttentionMixer(MultiHeadAttention):
                  window: PositiveInt | None = None, dropout: Probability = 0.0,
                  qk_norm: Spec["norm"] | None = None, qk_norm_scope: Literal["head", "projection"] = "head",
                  softcap: PositiveFloat | None = None, sinks: bool = False) -> None:
-        config = AttentionConfig(heads=heads, kv_heads=kv_heads, head_dim=head_dim, score=score, bias=bias,
-                                 out_bias=out_bias, window=window, dropout=dropout, qk_norm=qk_norm,
-                                 qk_norm_scope=qk_norm_scope, softcap=softcap, sinks=sinks)
-        score_module, q_norm, k_norm = attention_parts(dim, config)
+        # score and qk_norm arrive as factories of the recipe's components
+        d, k = head_dim or dim // heads, kv_heads or heads
+        whole = qk_norm_scope == "projection"  # OLMo 2 normalises all heads' features together
         super().__init__(dim, heads=heads, kv_heads=kv_heads, head_dim=head_dim, bias=bias, out_bias=out_bias,
-                         window=window, dropout=dropout, score=score_module, q_norm=q_norm, k_norm=k_norm,
+                         window=window, dropout=dropout, score=score(d, d, heads),
+                         q_norm=qk_norm(heads * d if whole else d) if qk_norm is not None else None,
+                         k_norm=qk_norm(k * d if whole else d) if qk_norm is not None else None,
                          qk_norm_scope=qk_norm_scope, softcap=softcap, sinks=sinks)

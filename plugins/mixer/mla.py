@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.interfaces import Mixer, MixerContext
 from seqzoo.nn.cache import KVSlice
 from seqzoo.nn.linear import Linear
+from seqzoo.plugins.score.scaled_dot import ScaledDot
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
@@ -75,7 +75,8 @@ class LatentAttention(Mixer):
         self.kv_a_norm = torch.nn.RMSNorm(kv_lora_rank, eps=norm_eps) if latent_norm else torch.nn.Identity()
         self.kv_b_proj = Linear(kv_lora_rank, h * (self.nope + self.value), bias=False)
         self.out_proj = Linear(h * self.value, dim, bias=bias)
-        self.score = seqzoo.registry().create("score", {"kind": "scaled_dot", "scale": self.scale}, qk, qk, h)
+        # Always the fused dot product: absorbed decoding rewrites q·kᵀ, so no other score would do.
+        self.score = ScaledDot(qk, qk, h, scale=self.scale)
 
     @classmethod
     def position_dims(cls, spec: dict, dim: int) -> tuple[int, int]:

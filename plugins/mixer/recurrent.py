@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from seqzoo.interfaces import Mixer, MixerContext, MixerState, RecurrentCell
-from seqzoo.nn.layers import make
 from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
 from seqzoo.schema import Size, Spec
@@ -41,7 +40,7 @@ class RecurrentMixer(Mixer):
     def __init__(self, dim: int, cell: Spec["cell"] = "gru", hidden: Size | None = None) -> None:
         super().__init__(dim)
         self.hidden = hidden or dim
-        self.cell: RecurrentCell = make("cell", cell, dim, self.hidden)
+        self.cell: RecurrentCell = cell(dim, self.hidden)  # a factory of the recipe's cell
         self.out_proj = Linear(self.hidden, dim, bias=False) if self.hidden != dim else None
 
     def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,

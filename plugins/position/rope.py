@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.functional import upcast
 from seqzoo.interfaces import PositionScheme, Rotary
@@ -59,7 +58,7 @@ class Rope(PositionScheme):
                 f"rope rotary_dim={self.rotary_dim} must be even and at most head_dim={head_dim}")
         self.base = base
         self.interleaved = interleaved
-        self.scaling = seqzoo.registry().create("rope_scaling", scaling) if scaling else None
+        self.scaling = scaling() if scaling is not None else None  # a factory of the scaling rule
 
     def rotary(self) -> Rotary:
         scaling = self.scaling

@@ -30,7 +30,8 @@ def test_frequencies_divided_by_factor(factor):
 def test_position_interpolation_maps_position_sp_to_p():
     """With s = 4, position 4p rotates exactly as position p did without scaling."""
     plain = Rope(32, 16, 2, 256)
-    scaled = Rope(32, 16, 2, 256, scaling={"kind": "linear", "factor": 4})
+    linear = {"kind": "linear", "factor": 4}
+    scaled = Rope(32, 16, 2, 256, scaling=lambda: seqzoo.registry().create("rope_scaling", linear))
     p = torch.tensor([[0, 1, 3, 10, 50]])
     cos_plain, sin_plain = plain.angles(p)
     cos_scaled, sin_scaled = scaled.angles(4 * p)

@@ -124,8 +124,11 @@ def test_mscale_ratio_when_they_differ():
 def test_attention_factor_scales_logits_by_its_square(attention_factor):
     """The amplitude multiplies both cos and sin, so q·k through a Rope scales by factor²."""
     spec = {"kind": "yarn", "factor": 4.0, "original_max_seq_len": 64}
-    scaled = Rope(64, 16, 4, 256, scaling={**spec, "attention_factor": attention_factor})
-    unit = Rope(64, 16, 4, 256, scaling={**spec, "attention_factor": 1.0})
+    def scaling(factor: float):  # a factory of the rule, as the registry hands one to Rope
+        return lambda: seqzoo.registry().create("rope_scaling", {**spec, "attention_factor": factor})
+
+    scaled = Rope(64, 16, 4, 256, scaling=scaling(attention_factor))
+    unit = Rope(64, 16, 4, 256, scaling=scaling(1.0))
     q, k = torch.randn(1, 4, 6, 16), torch.randn(1, 4, 6, 16)
     pos = torch.arange(6)[None] * 11
     logits = (lambda a, b: a @ b.transpose(-2, -1))(*scaled.rotate(q, k, pos, pos))
