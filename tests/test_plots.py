@@ -13,16 +13,8 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.lab.plots import (
-    PlotError,
-    absolute_table,
-    attention_panels,
-    bias_by_distance,
-    describe_position,
-    metric_series,
-    record_attention,
-    rotary_wavelengths,
-)
+from seqzoo.lab.plots import PlotError, attention_panels, metric_series, record_attention
+from seqzoo.lab.positions import absolute_table, bias_by_distance, describe_position, rotary_wavelengths
 
 pytest.importorskip("matplotlib")
 
@@ -279,7 +271,7 @@ def test_positions_writes_one_row_per_stack(tmp_path, recipe, rows):
 
 
 def test_positions_of_a_checkpoint_show_the_trained_table(tmp_path):
-    from seqzoo.lab.plots import position_schemes
+    from seqzoo.lab.positions import position_schemes
 
     model = seqzoo.build("tiny-gpt", ["model.max_seq_len=32"], device="cpu")
     path = str(tmp_path / "m.safetensors")

@@ -69,7 +69,8 @@ def _cmd_attention(args) -> int:
 
 
 def _cmd_positions(args) -> int:
-    from ..lab.plots import PositionPicture, describe_position, plot_positions, position_schemes, require_matplotlib
+    from ..lab.plots import require_matplotlib
+    from ..lab.positions import PositionPicture, describe_position, plot_positions, position_schemes
 
     if args.length is not None and args.length < 2:
         raise InputError(f"--length must be >= 2, got {args.length}")

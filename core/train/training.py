@@ -9,7 +9,6 @@ checkpoint keeps how many were read. So N steps equal k steps, a save, and N −
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from ..errors import SeqzooError, TrainingError, TrainingInterrupted
 from ..interfaces import IGNORE, Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
 from ..io.checkpoint import check_can_save, read_extras, save
 from ..registry import registry
+from .distributed import Distributed, gradient_sync, load_train_state, model_state, optimizer_for, train_state, wrap
 from .examples import Examples, example_rng  # importable from here, as they always were
 from .lora import add_lora, choose_trainable, merge_lora, merged_state, save_adapter
 from .metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_mb
@@ -76,101 +76,6 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     progress = min((step - config.warmup) / span, 1.0)
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if config.schedule == "cosine" else 1 - progress
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * shape
-
-
-# -- distributed -----------------------------------------------------------------------------------
-@dataclass
-class Distributed:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    @classmethod
-    def from_env(cls) -> "Distributed":
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world == 1:
-            return cls()
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local)
-        return cls(dist.get_rank(), world, local)
-
-    def average(self, value: float, device: torch.device) -> float:
-        if self.world == 1:
-            return value
-        import torch.distributed as dist
-
-        t = torch.tensor([value], device=device, dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.item() / self.world
-
-
-def _wrap(model: nn.Module, config: TrainConfig, dist_info: Distributed, device: torch.device) -> nn.Module:
-    if dist_info.world == 1:
-        return model
-    if config.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for module in model.shard_units():  # shard layer by layer, then the rest
-            fully_shard(module)
-        return fully_shard(model)
-    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-# -- state -----------------------------------------------------------------------------------------
-def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    matrices = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    vectors = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": matrices, "weight_decay": config.weight_decay},
-              {"params": vectors, "weight_decay": 0.0}]
-    # The fused kernel (CPU and CUDA) is one pass over each parameter instead of foreach's several.
-    fused = all(p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in model.parameters())
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
-                             fused=fused or None, foreach=None if fused else True)
-
-
-def train_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
-    """Optimizer tensors (by parameter name) and JSON-able optimizer settings, on the CPU."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    _, optim = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    tensors = {}
-    if not optim:  # a rank other than 0: the full state was gathered to rank 0 only
-        return tensors, {}
-    for name, state in optim["state"].items():
-        for key, value in state.items():
-            tensors[f"optim.{name}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    groups = [{k: v for k, v in group.items() if k != "params"} | {"params": list(group["params"])}
-              for group in optim["param_groups"]]
-    return tensors, {"param_groups": groups}
-
-
-def load_train_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor],
-                     settings: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-    state: dict[str, dict[str, Tensor]] = {}
-    for key, value in tensors.items():
-        if key.startswith("optim."):
-            name, field = key[len("optim."):].rsplit(".", 1)
-            state.setdefault(name, {})[field] = value
-    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in settings["param_groups"]]
-    set_state_dict(model, optimizer, model_state_dict={}, optim_state_dict={"state": state, "param_groups": groups},
-                   options=StateDictOptions(full_state_dict=True, strict=False))
-
-
-def _model_state(model: nn.Module) -> dict[str, Tensor]:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -239,8 +144,8 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     choose_trainable(model, config)
     cost = _step_cost(model, examples, config, device)  # before wrapping: a sharded forward is collective
     base = model
-    model = _wrap(model, config, dist_info, device)
-    optimizer = _optimizer(model, config)
+    model = wrap(model, config, dist_info, device)
+    optimizer = optimizer_for(model, config)
     at, history = Position(), []
     if resume is not None:
         at, history = _resume(resume, model, optimizer, task)
@@ -402,7 +307,7 @@ def _one_step(step: int, consumed: int, config: TrainConfig, examples, runner: n
     optimizer.zero_grad(set_to_none=True)
     total, signals = 0.0, {}
     for micro, batch in enumerate(batches):
-        with _gradient_sync(model, micro == len(batches) - 1), autocast:
+        with gradient_sync(model, micro == len(batches) - 1), autocast:
             loss = examples.loss(runner, batch)
             extra, signals = auxiliary_losses(model)
             objective = loss if extra is None else loss + extra
@@ -418,19 +323,6 @@ def _one_step(step: int, consumed: int, config: TrainConfig, examples, runner: n
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
     return total / len(batches), batches, signals
-
-
-@contextlib.contextmanager
-def _gradient_sync(model: nn.Module, sync: bool):
-    """DDP's ``no_sync`` / FSDP2's ``set_requires_gradient_sync`` for the micro-batches before the
-    last of a step; nothing for a model that is not distributed."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        with contextlib.nullcontext() if sync else model.no_sync():
-            yield
-        return
-    if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's fully_shard, external
-        model.set_requires_gradient_sync(sync)
-    yield
 
 
 def _save_or_rescue(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer,
@@ -459,7 +351,7 @@ def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim
     part in gathering sharded state; only rank 0 writes. With ``train.keep`` > 1 the last few
     saves also stay as ``NAME.stepN.safetensors`` beside it. ``weights_only``: the weights and
     recipe alone, as ``seqzoo.save`` writes them."""
-    weights = _model_state(model)
+    weights = model_state(model)
     if config.lora is not None:  # the checkpoint holds the merged weights under their own names
         weights = merged_state(base, weights)
     if weights_only:
