@@ -35,6 +35,7 @@ CORE_ARGS: dict[str, tuple[str, ...]] = {
     "cell": ("input_size", "hidden_size"),
     "mixer": ("dim",),
     "router": ("dim", "experts", "top_k"),
+    "model": ("parts",),  # the builder (seqzoo.builder.Parts) that turns the model's specs into modules
 }
 
 
@@ -614,6 +615,10 @@ class Model(nn.Module):
     """Every model a recipe builds (kind ``model``): what ``build``, ``load`` and ``from_hf``
     attach to it, and what ``save``, ``generate``, ``to_hf`` and the plots read, declared here
     (nothing is probed with ``hasattr``). ``LanguageModel`` and ``MaskedLanguageModel`` refine it.
+
+    Constructor: ``(parts, **params)``. ``parts`` is the builder (``seqzoo.builder.Parts``) that
+    turns the specs among the recipe's keys into modules: ``parts.stack(section, causal=True)``,
+    ``parts.make("norm", spec, dim)``, ``parts.factory("cell", spec)``.
     """
 
     #: The resolved recipe the model was built from (``seqzoo.build`` sets it; ``save`` stores it).

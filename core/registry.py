@@ -41,7 +41,7 @@ import pluggy
 from . import hookspecs
 from .errors import RegistryError, closest, first_line, unknown_name
 from .interfaces import BASES, CORE_ARGS, Model
-from .schema import SchemaError, Validator, call_with, spec_kind
+from .schema import Configured, SchemaError, Validator, call_with, instantiate, spec_kind
 
 ENTRY_POINT_GROUP = "seqzoo"
 _TRUE = ("1", "true", "yes", "on")
@@ -185,14 +185,19 @@ class Registry:
         if missing:
             raise TypeError(f"creating {kind} {component.name!r} needs core arguments {missing}")
         ordered = list(core_args) + [kwargs.pop(a) for a in core[len(core_args):]]
-        return call_with(component.cls, {**self.factories(component.cls, params), **kwargs}, *ordered)
+        if issubclass(component.cls, Configured):  # one dataclass of parameters, then its parts' factories
+            config = instantiate(params, component.cls.Config)
+            return component.cls(*ordered, config, **self.factories(component.cls.Config, params, only_specs=True),
+                                 **kwargs)
+        return call_with(component.cls, {**self.factories(component.cls.__init__, params), **kwargs}, *ordered)
 
-    def factories(self, cls: type, params: dict) -> dict:
-        """``params`` with every ``Spec[kind]`` parameter's spec turned into a factory of that
-        component (``create`` bound to this registry), so a constructor builds its parts without
-        asking for the registry, and a test can hand it any ``nn.Module`` factory instead."""
-        hints = typing.get_type_hints(cls.__init__, include_extras=True)
-        out = dict(params)
+    def factories(self, schema: Any, params: dict, *, only_specs: bool = False) -> dict:
+        """``params`` with every ``Spec[kind]`` parameter's spec (per ``schema``'s hints: a
+        constructor or a dataclass) turned into a factory of that component (``create`` bound to
+        this registry), so a constructor builds its parts without asking for the registry, and a
+        test can hand it any ``nn.Module`` factory instead. ``only_specs``: just the factories."""
+        hints = typing.get_type_hints(schema, include_extras=True)
+        out = {} if only_specs else dict(params)
         for name, value in params.items():
             kind = spec_kind(hints.get(name))
             if kind is not None and value is not None:

@@ -85,6 +85,23 @@ def spec_kind(hint: Any) -> str | None:
     return None
 
 
+class Configured:
+    """A component whose recipe parameters are one dataclass, ``Config``, shared with whatever else
+    reads them (attention's ``Config`` is also the model's ``attention:`` section). The recipe's keys
+    are the dataclass's fields; the constructor receives ``(*core_args, config, **factories)``,
+    one factory for each ``Spec`` field that is set, named after the field."""
+
+    Config: typing.ClassVar[type]
+
+
+def recipe_schema(cls: type, core_args: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
+    """What a component's recipe parameters are checked against, and the names to skip there: its
+    ``Config`` dataclass (``Configured``), else its constructor after the kind's core arguments."""
+    if issubclass(cls, Configured):
+        return cls.Config, ()
+    return cls.__init__, core_args
+
+
 PositiveInt = Annotated[int, Range(lo=1)]
 NonNegativeInt = Annotated[int, Range(lo=0)]
 PositiveFloat = Annotated[float, Range(lo=0, lo_open=True)]
@@ -173,7 +190,12 @@ class Validator:
             raise SchemaError(path, f"expected a {kind} name or a mapping with 'kind', got {describe(value)}")
         cls, canonical = self.resolve_component(kind, name, path if isinstance(value, str) else (*path, "kind"))
         self.components.append((tuple(path), kind, canonical))
-        return {"kind": canonical, **self.params(cls.__init__, params, path, self.core_args(kind))}
+        fn, skip = recipe_schema(cls, self.core_args(kind))
+        return {"kind": canonical, **self.params(fn, params, path, skip)}
+
+    def component(self, kind: str, name: str, path: Path) -> type:
+        """The class of the registered component ``kind/name`` (a SchemaError at ``path`` if none)."""
+        return self.resolve_component(kind, name, path)[0]
 
     # -- values ---------------------------------------------------------------------------------
     def value(self, value: Any, hint: Any, path: Path) -> Any:

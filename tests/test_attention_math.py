@@ -6,7 +6,7 @@ import torch
 
 import seqzoo
 from seqzoo.interfaces import masked_softmax_attend
-from seqzoo.nn.attention import MultiHeadAttention, self_attention_inputs
+from seqzoo.nn.attention import AttentionConfig, MultiHeadAttention, self_attention_inputs
 
 
 def test_worked_example_identity_projections_no_scaling():
@@ -26,7 +26,8 @@ def test_worked_example_identity_projections_no_scaling():
 
 def test_self_attention_without_positions_is_permutation_equivariant():
     # Parts are injected: any ScoreFunction module serves (here the registry's scaled_dot).
-    attention = MultiHeadAttention(16, heads=4, score=seqzoo.registry().create("score", "scaled_dot", 4, 4, 4))
+    score = seqzoo.registry().create("score", "scaled_dot", 4, 4, 4)
+    attention = MultiHeadAttention(16, AttentionConfig(heads=4), score=score)
     position = seqzoo.registry().create("position", "none", 16, 4, 4, 32)
     x = torch.randn(2, 7, 16)
     perm = torch.randperm(7)

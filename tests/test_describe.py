@@ -96,7 +96,7 @@ def test_list_model_shows_required_keys_and_nested_sections(fresh):
     assert "  attention: AttentionConfig | None = None" in text.splitlines()  # a pure SSM stack needs none
     assert "  vocab_size: int in [1, 16777216] (required)" in text.splitlines()
     assert "    heads: int in [1, 1024] (required)" in text.splitlines()  # the section's own keys
-    assert "core arguments" not in text  # models get no core arguments
+    assert "  parts: Parts" in text.splitlines()  # the builder is a model's one core argument
 
 
 @pytest.mark.parametrize("hint, text", [

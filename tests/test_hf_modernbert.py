@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import seqzoo
+from seqzoo.builder import layer_plan
+from seqzoo.builder.layout import describe_layout
 from seqzoo.nn.attention import self_attention_inputs
-from seqzoo.nn.layers import describe_layout, layer_plan
 from seqzoo.testing import parity
 from seqzoo.testing.parity import TOL, check_export, check_masked_lm_logits, import_reference, max_difference
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import seqzoo
+from seqzoo.builder import layer_plan, merge
+from seqzoo.builder.layout import describe_layout
 from seqzoo.cli import main
-from seqzoo.nn.layers import describe_layout, layer_plan, merge
 from seqzoo.recipe import resolve
 from seqzoo.train.training import TrainConfig, train
 
@@ -60,7 +61,7 @@ def test_stack_shares_one_scheme_per_distinct_configuration():
     ("model.layer_overrides={9: global}", r"model\.layer_overrides\.9: layer 9 does not exist \(layers=4"),
     ("model.layer_overrides={1: {ffn: {kind: swiglu, hiden: 3}}}",
      r"model\.layer_overrides\.1\.ffn\.hiden: unknown key 'hiden'; did you mean 'hidden'\?"),
-    ("model.mixer={kind: attention, heads: 8}", r"model\.mixer: an attention mixer takes its parameters from"),
+    ("model.mixer={kind: attention, heads: 8}", r"model\.mixer: the attention parameters are given twice"),
     ("model.pattern=null", r"model\.layer_types: layer types without a pattern are never used"),
 ])
 def test_layer_errors_name_the_type_or_index_and_the_key(tmp_path, override, message):
@@ -116,7 +117,7 @@ def test_hybrid_stack_mixes_attention_and_recurrent_layers():
         "model.layer_types={attn: {}, gru: {mixer: {kind: recurrent, cell: gru}}}",
         "model.pattern=[gru, attn]"], device="cpu").eval()
     kinds = [type(b.attn).__name__ for b in model.decoder.blocks]
-    assert kinds == ["RecurrentMixer", "MultiHeadAttention"] * 2
+    assert kinds == ["RecurrentMixer", "AttentionMixer"] * 2
     cache = model.new_cache(1, 8)
     assert [type(s).__name__ for s in cache.states] == ["CellState", "KVSlice"] * 2
     ids = torch.randint(0, 256, (3, 6))
@@ -218,3 +219,41 @@ def test_a_layer_that_attends_still_needs_the_section():
         seqzoo.build(hybrid, device="meta")
     with pytest.raises(seqzoo.RecipeError, match=r"the layers' mixer is attention"):
         seqzoo.build({**PURE_MAMBA2, "model": {**PURE_MAMBA2["model"], "mixer": None}}, device="meta")
+
+
+# -- the builder ------------------------------------------------------------------------------------
+def test_the_attention_section_is_shorthand_for_the_attention_mixer():
+    section = seqzoo.build("tiny-llama", device="cpu")
+    attention = section.recipe["model"]["attention"]
+    torch.manual_seed(0)
+    section = seqzoo.build("tiny-llama", device="cpu").eval()
+    torch.manual_seed(0)
+    long_form = seqzoo.build("tiny-llama", ["model.attention=null", f"model.mixer={{kind: attention, "
+                             f"heads: {attention['heads']}, kv_heads: {attention['kv_heads']}, "
+                             f"bias: {str(attention['bias']).lower()}}}"], device="cpu").eval()
+    assert section.state_dict().keys() == long_form.state_dict().keys()
+    ids = torch.randint(0, 256, (2, 9))
+    torch.testing.assert_close(long_form(ids), section(ids), rtol=0, atol=0)
+    plans = [layer_plan(m.recipe["model"]) for m in (section, long_form)]
+    assert plans[0] == plans[1]  # the same plan: {kind: attention} with the section's keys in .attention
+
+
+def test_the_builder_builds_from_the_registry_it_is_given(fresh):
+    from seqzoo.builder import Parts
+    from seqzoo.interfaces import Norm
+    from seqzoo.plugins.model.decoder_lm import DecoderLM
+    from seqzoo.registry import Component, _build
+
+    class HalfNorm(Norm):
+        """x / 2: a norm only the private registry knows."""
+
+        def forward(self, x):
+            return x / 2
+
+    private = _build()
+    private.add(Component("norm", "half", HalfNorm, plugin="test"))
+    model = DecoderLM(Parts(private), vocab_size=16, dim=8, layers=1, max_seq_len=8,
+                      attention=seqzoo.nn.attention.AttentionConfig(heads=2), norm="half")
+    assert isinstance(model.decoder.final_norm, HalfNorm)
+    with pytest.raises(seqzoo.RegistryError, match="unknown norm 'half'"):  # the global registry is untouched
+        fresh().get("norm", "half")

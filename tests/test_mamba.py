@@ -250,7 +250,7 @@ def test_a_mamba_layer_has_no_feed_forward_sublayer_and_the_hybrid_keeps_both_st
     assert block.ffn is None and block.ffn_norm is None and block.attn_norm is not None
     hybrid = seqzoo.build("tiny-hybrid", device="cpu")
     kinds = [type(b.attn).__name__ for b in hybrid.decoder.blocks]
-    assert kinds == ["Mamba2", "Mamba2", "Mamba2", "MultiHeadAttention"] * 2
+    assert kinds == ["Mamba2", "Mamba2", "Mamba2", "AttentionMixer"] * 2
     cache = hybrid.new_cache(1, 16)
     assert [type(s).__name__ for s in cache.states[:4]] == ["MambaState"] * 3 + ["KVSlice"]
 

@@ -148,7 +148,7 @@ def test_example_conv_mixer_recipe_builds_and_generates_with_its_state(target, t
     out = run(["-c", CONV_MIXER_GENERATION, recipe], target, tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["mixers"] == ["CausalConv", "MultiHeadAttention"] * 2  # pattern [conv, attention]
+    assert result["mixers"] == ["CausalConv", "AttentionMixer"] * 2  # pattern [conv, attention]
     assert result["new"] == 8
     assert result["same"], "greedy generation through the conv state differs from the uncached forward"
     assert result["padded_same"], "with left padding, cached and uncached greedy generation differ"

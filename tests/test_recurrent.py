@@ -9,15 +9,20 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import seqzoo
+from seqzoo.builder import Parts
 from seqzoo.errors import ConfigError, InputError
 from seqzoo.interfaces import RecurrentCell
-from seqzoo.nn.layers import cell_factory
 from seqzoo.nn.recurrent import RecurrentStack
 from seqzoo.plugins.cell.gru import GRU
 from seqzoo.testing import check_component
 
 B, T, I, H = 3, 7, 4, 5
 TORCH = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
+
+
+def cell_factory(spec):
+    """make(input_size, hidden_size) for a registered cell: what a recurrent model's builder hands its stack."""
+    return Parts.installed().factory("cell", spec)
 
 
 def torch_copy(stack: RecurrentStack, kind: str) -> torch.nn.RNNBase:

@@ -184,8 +184,8 @@ def _count(model) -> int:
 
 
 def _cmd_show(args) -> int:
+    from ..builder.layout import describe_layout
     from ..io.build import instantiate
-    from ..nn.layers import describe_layout
     from ..recipe import resolve
 
     resolved = resolve(args.recipe, args.overrides)

@@ -16,7 +16,7 @@ import types
 import typing
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from ..schema import Range, SpecKind, plain
+from ..schema import Range, SpecKind, plain, recipe_schema
 
 if TYPE_CHECKING:  # annotations only: the registry (and torch) load with the command
     from ..registry import Component
@@ -64,12 +64,14 @@ def parameter_rows(component: Component) -> tuple[list[Row], list[Row]]:
     from ..interfaces import CORE_ARGS
 
     core = CORE_ARGS.get(component.kind, ())
-    params = parameters(component.cls.__init__) if isinstance(component.cls, type) else []
-    by_name = {p.name: p for p in params}
+    if not isinstance(component.cls, type):
+        return [], []
+    by_name = {p.name: p for p in parameters(component.cls.__init__)}
     core_rows = [Row((name,), format_hint(by_name.get(name, Param(name, Any)).hint)) for name in core]
+    schema, skip = recipe_schema(component.cls, core)
     rows: list[Row] = []
-    for param in params:
-        if param.name not in core:
+    for param in parameters(schema):
+        if param.name not in skip:
             rows += _rows(param, ())
     return core_rows, rows
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..builder import Parts
 from ..errors import ConfigError, SeqzooError
 from ..interfaces import LanguageModel
 from ..recipe import Resolved, resolve
@@ -59,13 +60,15 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
             raise SeqzooError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
         torch_dtype = DTYPES[name]
     params = dict(data["model"])
-    component = registry().get("model", params.pop("kind"))
+    components = registry()
+    component = components.get("model", params.pop("kind"))
+    parts = Parts(components)
     try:
         if target.type != "meta":
             with torch.device("meta"), SkipMetaInit():  # the structure alone, to refuse what cannot fit
-                check_fits(call_with(component.cls, params), torch_dtype, target)
+                check_fits(call_with(component.cls, params, parts), torch_dtype, target)
         with target, SkipMetaInit() if target.type == "meta" else contextlib.nullcontext():
-            model = call_with(component.cls, params)
+            model = call_with(component.cls, params, parts)
     except ConfigError as error:
         raise resolved.error(("model",), str(error)) from None
     model.to(dtype=torch_dtype)

@@ -135,7 +135,8 @@ def static_attention_inputs(position: PositionScheme, q_pos: Tensor, cache: KVCa
 
 
 class MultiHeadAttention(Mixer):
-    """Multi-head attention with H query heads and K key/value heads (MHA, GQA, MQA), as a mixer.
+    """Multi-head attention with H query heads and K key/value heads (MHA, GQA, MQA), as a mixer,
+    configured by one ``AttentionConfig`` (a recipe's ``attention:`` section) with its parts built.
 
     Self-attention uses one fused q/k/v projection; cross-attention (``cross``) projects queries
     from x and keys/values from the memory. ``score`` is a ``ScoreFunction`` over per-head dims D;
@@ -148,41 +149,28 @@ class MultiHeadAttention(Mixer):
 
     reads_mask = True
 
-    def __init__(self, dim: int, *, heads: int, score: ScoreFunction, kv_heads: int | None = None,
-                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
-                 window: int | None = None, dropout: float = 0.0, q_norm: nn.Module | None = None,
-                 k_norm: nn.Module | None = None, qk_norm_scope: str = "head", softcap: float | None = None,
-                 sinks: bool = False, cross: bool = False, memory_dim: int | None = None) -> None:
+    def __init__(self, dim: int, config: AttentionConfig, *, score: ScoreFunction, q_norm: nn.Module | None = None,
+                 k_norm: nn.Module | None = None, cross: bool = False, memory_dim: int | None = None) -> None:
         super().__init__(dim)
-        self.heads = heads
-        self.kv_heads = kv_heads or heads
-        self.head_dim = head_dim or dim // heads
-        self.window = window
-        self.dropout = dropout
+        self.heads = config.heads
+        self.kv_heads = config.kv_heads or config.heads
+        self.head_dim = config.head_dim or dim // config.heads
+        self.window = config.window
+        self.dropout = config.dropout
         self.cross = cross
-        self.softcap = softcap
-        self.qk_norm_scope = qk_norm_scope
-        h, k, d = self.heads, self.kv_heads, self.head_dim
+        self.softcap = config.softcap
+        self.qk_norm_scope = config.qk_norm_scope
+        h, k, d, bias = self.heads, self.kv_heads, self.head_dim, config.bias
         if cross:
             self.q_proj = Linear(dim, h * d, bias=bias)
             self.kv_proj = Linear(memory_dim or dim, 2 * k * d, bias=bias)
         else:
             self.qkv_proj = Linear(dim, (h + 2 * k) * d, bias=bias)
-        self.out_proj = Linear(h * d, dim, bias=bias if out_bias is None else out_bias)
+        self.out_proj = Linear(h * d, dim, bias=bias if config.out_bias is None else config.out_bias)
         self.score = score
         self.q_norm, self.k_norm = q_norm, k_norm
         # Zero logits to start: the sink takes e^0 of the denominator, like one more zero-value key.
-        self.sinks = nn.Parameter(torch.zeros(h)) if sinks else None
-
-    @classmethod
-    def from_config(cls, dim: int, config: AttentionConfig, *, score: ScoreFunction,
-                    q_norm: nn.Module | None = None, k_norm: nn.Module | None = None,
-                    cross: bool = False, memory_dim: int | None = None) -> MultiHeadAttention:
-        """An attention mixer for an ``attention:`` recipe section, with its parts built already."""
-        return cls(dim, heads=config.heads, kv_heads=config.kv_heads, head_dim=config.head_dim,
-                   bias=config.bias, out_bias=config.out_bias, window=config.window, dropout=config.dropout,
-                   score=score, q_norm=q_norm, k_norm=k_norm, qk_norm_scope=config.qk_norm_scope,
-                   softcap=config.softcap, sinks=config.sinks, cross=cross, memory_dim=memory_dim)
+        self.sinks = nn.Parameter(torch.zeros(h)) if config.sinks else None
 
     def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
                   dtype: torch.dtype | None = None) -> KVSlice:

@@ -1,5 +1,5 @@
 """Residual layers and the stack that runs them. Every part is built by the caller and handed in
-(see ``seqzoo.nn.layers.build_stack``), so a block can be tested with plain ``nn.Module`` parts.
+(see ``seqzoo.builder.Parts.stack``), so a block can be tested with plain ``nn.Module`` parts.
 
 A layer is a token mixer (attention, a recurrent cell, ...) and a feed-forward block, each wrapped
 in its norms and residual connection. Norm placements (F a sublayer, n a norm):

@@ -5,7 +5,7 @@
     # x (B, T, I) -> outputs (B, T, H·dirs); states[layer][direction] is that cell's final state
 
 Each (layer, direction) is one cell, made by the ``cell(input_size, hidden_size)`` factory it is
-given (``seqzoo.nn.layers.cell_factory(spec)`` makes registered cells from a recipe spec); the cells'
+given (``seqzoo.builder.Parts.factory("cell", spec)`` makes registered cells from a recipe spec); the cells'
 fused kernels run the time loop, the stack only loops over layers and directions. Layer l > 0
 reads layer l − 1's outputs (H·dirs wide) with dropout on them while training, as
 torch.nn.LSTM's ``dropout``. The backward direction reads

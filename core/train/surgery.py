@@ -152,6 +152,7 @@ def _for_kind(recipe: dict, overrides: list[str]) -> dict:
     kinds = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "model.kind"]
     if kinds and kinds[-1] != recipe["model"]["kind"]:
         accepted = inspect.signature(registry().get("model", kinds[-1]).cls.__init__).parameters
+        # (its first parameter, the builder, is no recipe key; no recipe names it either)
         recipe["model"] = {k: v for k, v in recipe["model"].items() if k in accepted or k == "kind"}
     return recipe
 

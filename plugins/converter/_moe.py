@@ -17,8 +17,8 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
+from seqzoo.builder import layer_plan
 from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern
-from seqzoo.nn.layers import layer_plan
 
 #: HF names of an expert's (gate, up, down) projections.
 PROJ = ("gate_proj", "up_proj", "down_proj")

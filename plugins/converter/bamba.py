@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from torch import nn
 
+from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
@@ -36,7 +37,6 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
-from seqzoo.nn.layers import layer_plan
 from seqzoo.registry import builtin
 
 from ._rope import rope_config, rope_problem, rope_spec

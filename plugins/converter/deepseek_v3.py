@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from torch import nn
 
+from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     CausalLMConverter,
@@ -38,7 +39,6 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
-from seqzoo.nn.layers import layer_plan
 from seqzoo.registry import builtin
 
 from ._moe import expert_rules, sparse_layout

@@ -20,9 +20,9 @@ from dataclasses import replace
 
 from torch import nn
 
+from seqzoo.builder import LayerPlan, layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import ffn_activation, first_problem, glu_ffn, kind_of, layer_pattern, special_ids
-from seqzoo.nn.layers import LayerPlan, layer_plan
 from seqzoo.registry import builtin
 
 from ._rope import rope_config, rope_problem, rope_spec

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from torch import nn
 
+from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern
-from seqzoo.nn.layers import layer_plan
 from seqzoo.registry import builtin
 
 from ._moe import stacked_expert_rules, without_layout

@@ -29,9 +29,9 @@ from typing import Any
 
 from torch import nn
 
+from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import CausalLMConverter, Rule, copy, first_problem, kind_of, linear, norm, special_ids
-from seqzoo.nn.layers import layer_plan
 from seqzoo.registry import builtin
 
 #: transformers 5 writes ±inf and NaN in config.json as {"__float__": "Infinity"}.

@@ -20,6 +20,7 @@ from collections.abc import Collection
 
 from torch import nn
 
+from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import (
     ACTIVATIONS,
@@ -38,7 +39,6 @@ from seqzoo.io.hf import (
     special_ids,
     split,
 )
-from seqzoo.nn.layers import layer_plan
 from seqzoo.registry import builtin
 
 from ._rope import rope_parameters, rope_problem, rope_spec

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 from torch import nn
 
+from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import layer_pattern
-from seqzoo.nn.layers import layer_plan
 from seqzoo.registry import builtin
 
 from .llama import LlamaConverter

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.builder import Parts
 from seqzoo.nn.linear import Linear
 from seqzoo.schema import Spec
 
@@ -41,13 +41,21 @@ class MaskedLMHead(nn.Module):
     The decoder weight is the token embedding, passed to ``forward``: nothing here ties or
     re-ties, so moves, loads and parameter counts see one shared tensor."""
 
-    def __init__(self, dim: int, vocab_size: int, config: MaskedLMHeadConfig, model_norm: Spec["norm"]) -> None:  # noqa: F821
+    def __init__(self, dim: int, vocab_size: int, activation: nn.Module, norm: nn.Module, *, bias: bool = True,
+                 decoder_bias: bool = True) -> None:
         super().__init__()
-        registry = seqzoo.registry()
-        self.dense = Linear(dim, dim, bias=config.bias)
-        self.activation = registry.create("activation", config.activation)
-        self.norm = registry.create("norm", config.norm if config.norm is not None else model_norm, dim)
-        self.bias = nn.Parameter(torch.zeros(vocab_size)) if config.decoder_bias else None
+        self.dense = Linear(dim, dim, bias=bias)
+        self.activation = activation
+        self.norm = norm
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if decoder_bias else None
+
+    @classmethod
+    def build(cls, parts: Parts, dim: int, vocab_size: int, config: MaskedLMHeadConfig,
+              model_norm: Spec["norm"]) -> MaskedLMHead:  # noqa: F821
+        """The head an ``mlm_head:`` section describes (its norm defaults to the model's)."""
+        norm = config.norm if config.norm is not None else model_norm
+        return cls(dim, vocab_size, parts.make("activation", config.activation), parts.make("norm", norm, dim),
+                   bias=config.bias, decoder_bias=config.decoder_bias)
 
     def forward(self, hidden: Tensor, embedding: Tensor) -> Tensor:
         """hidden (..., C), embedding E (V, C) -> logits (..., V)."""

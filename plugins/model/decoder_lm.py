@@ -7,15 +7,15 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqzoo.builder import Parts, check_layers
 from seqzoo.errors import InputError
 from seqzoo.functional import softcap
 from seqzoo.interfaces import LanguageModel
-from seqzoo.nn.attention import AttentionConfig, check_attention
+from seqzoo.nn.attention import AttentionConfig
 from seqzoo.nn.blocks import Placement, Residual
 from seqzoo.nn.cache import KVCache
 from seqzoo.nn.generation import CausalSession
 from seqzoo.nn.init import init_weights
-from seqzoo.nn.layers import build_stack, check_layers
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.losses import linear_cross_entropy
 from seqzoo.registry import builtin
@@ -35,14 +35,14 @@ class DecoderLM(LanguageModel):
     mixer (null = attention, configured by ``attention``; e.g. {kind: recurrent, cell: gru}).
     residual: sequential | parallel | parallel_shared (GPT-NeoX, GPT-J). final_softcap: cap the
     logits at c·tanh(z/c) (Gemma 2; null). layer_types, pattern, layer_overrides: per-layer parts
-    (see ``seqzoo.nn.layers``)."""
+    (see ``seqzoo.builder.plan``)."""
 
     prompt_padding = "left"
     fused_loss = True
     supports_compile = True
     supports_documents = True
 
-    def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
+    def __init__(self, parts: Parts, vocab_size: Size, dim: Size, layers: Depth,
                  max_seq_len: Size, attention: AttentionConfig | None = None, ffn: Spec["ffn"] | None = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "pre", tie_embeddings: bool = True,
@@ -57,7 +57,7 @@ class DecoderLM(LanguageModel):
         self.embed_scale = math.sqrt(dim) if scale_embeddings else 1.0
         self.final_softcap = final_softcap
         self.embed = nn.Embedding(vocab_size, dim)
-        self.decoder = build_stack(dict(
+        self.decoder = parts.stack(dict(
             dim=dim, layers=layers, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
             norm=norm, placement=placement, residual=residual, mixer=mixer, embed_norm=embed_norm,
             dropout=dropout, layer_types=layer_types, pattern=pattern, layer_overrides=layer_overrides), causal=True)
@@ -67,8 +67,6 @@ class DecoderLM(LanguageModel):
 
     @classmethod
     def check_recipe(cls, model: dict, path: tuple, validator: Validator) -> None:
-        if model["attention"] is not None:  # a model whose layers never attend needs no section
-            check_attention(model["attention"], model["dim"], (*path, "attention"))
         check_layers(model, path, validator)
 
     def tie_weights(self) -> None:

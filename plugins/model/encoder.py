@@ -8,11 +8,11 @@ import torch
 from torch import Tensor, nn
 
 import seqzoo
+from seqzoo.builder import Parts, check_layers
 from seqzoo.interfaces import MaskedLanguageModel
-from seqzoo.nn.attention import AttentionConfig, check_attention
+from seqzoo.nn.attention import AttentionConfig
 from seqzoo.nn.blocks import Placement, Residual
 from seqzoo.nn.init import init_weights
-from seqzoo.nn.layers import build_stack, check_layers
 from seqzoo.registry import builtin
 from seqzoo.schema import Depth, NonNegativeInt, PositiveFloat, Probability, SchemaError, Size, Spec, Validator
 
@@ -39,7 +39,7 @@ class Encoder(MaskedLanguageModel):
     ``model.mlm_logits(ids)`` the masked-LM logits (B, T, V); ``model.pool(hidden)`` the pooler.
     """
 
-    def __init__(self, vocab_size: Size, dim: Size, layers: Depth,
+    def __init__(self, parts: Parts, vocab_size: Size, dim: Size, layers: Depth,
                  max_seq_len: Size, attention: AttentionConfig, ffn: Spec["ffn"] | None = "gelu",
                  position: Spec["position"] = "learned", norm: Spec["norm"] = "layernorm",
                  placement: Placement = "post", type_vocab_size: NonNegativeInt = 2,
@@ -54,12 +54,12 @@ class Encoder(MaskedLanguageModel):
         self.padding_idx = padding_idx
         self.embed = nn.Embedding(vocab_size, dim)
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size else None
-        self.encoder = build_stack(dict(
+        self.encoder = parts.stack(dict(
             dim=dim, layers=layers, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
             norm=norm, placement=placement, residual=residual, mixer=mixer, embed_norm=embed_norm,
             dropout=dropout, layer_types=layer_types, pattern=pattern, layer_overrides=layer_overrides), causal=False)
         self.pooler = nn.Linear(dim, dim) if pooler else None
-        self.mlm_head = MaskedLMHead(dim, vocab_size, mlm_head, norm) if mlm_head is not None else None
+        self.mlm_head = MaskedLMHead.build(parts, dim, vocab_size, mlm_head, norm) if mlm_head is not None else None
         init_weights(self, init_std, layers, residual_names=("out_proj", "down"))
 
     @property
@@ -78,7 +78,6 @@ class Encoder(MaskedLanguageModel):
 
     @classmethod
     def check_recipe(cls, model: dict, path: tuple, validator: Validator) -> None:
-        check_attention(model["attention"], model["dim"], (*path, "attention"))
         check_layers(model, path, validator, causal=False)
         pad = model.get("padding_idx")
         if pad is not None and pad >= model["vocab_size"]:

@@ -9,12 +9,12 @@ import torch
 from torch import Tensor, nn
 
 import seqzoo
+from seqzoo.builder import Parts
 from seqzoo.interfaces import LanguageModel
 from seqzoo.nn.attention import AttentionConfig, check_attention
 from seqzoo.nn.blocks import Placement
 from seqzoo.nn.cache import KVCache
 from seqzoo.nn.init import init_weights
-from seqzoo.nn.layers import build_stack
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.losses import linear_cross_entropy
 from seqzoo.registry import builtin
@@ -34,7 +34,7 @@ class EncoderDecoder(LanguageModel):
     prompt_padding = "right"
     fused_loss = True
 
-    def __init__(self, vocab_size: Size, dim: Size, encoder_layers: Depth,
+    def __init__(self, parts: Parts, vocab_size: Size, dim: Size, encoder_layers: Depth,
                  decoder_layers: Depth, max_seq_len: Size, attention: AttentionConfig,
                  ffn: Spec["ffn"] = "relu", position: Spec["position"] = "sinusoidal",
                  norm: Spec["norm"] = "layernorm", placement: Placement = "post",
@@ -51,8 +51,8 @@ class EncoderDecoder(LanguageModel):
         section = dict(dim=dim, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
                        norm=norm, placement=placement, dropout=dropout, encoder_layers=encoder_layers,
                        decoder_layers=decoder_layers)
-        self.encoder = build_stack(section, layers_key="encoder_layers", causal=False)
-        self.decoder = build_stack(section, layers_key="decoder_layers", causal=True, cross=True)
+        self.encoder = parts.stack(section, layers_key="encoder_layers", causal=False)
+        self.decoder = parts.stack(section, layers_key="decoder_layers", causal=True, cross=True)
         self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, encoder_layers + decoder_layers, residual_names=("out_proj", "down"))
         self.tie_weights()

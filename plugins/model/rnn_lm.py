@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import seqzoo
+from seqzoo.builder import Parts
 from seqzoo.interfaces import LanguageModel
 from seqzoo.nn.init import init_weights
-from seqzoo.nn.layers import cell_factory
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.recurrent import RecurrentStack
 from seqzoo.registry import builtin
@@ -33,7 +33,7 @@ class RNNLM(LanguageModel):
 
     prompt_padding = None  # the recurrence cannot skip left padding: prompts batch by length
 
-    def __init__(self, vocab_size: Size, dim: Size, hidden: Size,
+    def __init__(self, parts: Parts, vocab_size: Size, dim: Size, hidden: Size,
                  layers: Depth = 1, cell: Spec["cell"] = "lstm", dropout: Probability = 0.0,
                  head: Literal["lm", "last", "mean", "regression"] = "lm",
                  num_classes: Size | None = None, tie_embeddings: bool = False,
@@ -43,7 +43,7 @@ class RNNLM(LanguageModel):
         self.tie_embeddings = tie_embeddings and head == "lm"
         self.embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(dropout)
-        self.rnn = RecurrentStack(dim, hidden, cell_factory(cell), layers=layers, dropout=dropout)
+        self.rnn = RecurrentStack(dim, hidden, parts.factory("cell", cell), layers=layers, dropout=dropout)
         outputs = vocab_size if head == "lm" else (num_classes or 1)
         self.head = Linear(hidden, outputs, bias=head != "lm")
         init_weights(self, init_std, layers)

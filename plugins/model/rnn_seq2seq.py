@@ -21,10 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import seqzoo
+from seqzoo.builder import Parts
 from seqzoo.interfaces import LanguageModel
 from seqzoo.nn.init import init_weights
-from seqzoo.nn.layers import cell_factory
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.recurrent import RecurrentStack
 from seqzoo.registry import builtin
@@ -43,7 +42,7 @@ class RNNSeq2Seq(LanguageModel):
     family = "seq2seq"
     prompt_padding = "right"
 
-    def __init__(self, vocab_size: Size, dim: Size, hidden: Size,
+    def __init__(self, parts: Parts, vocab_size: Size, dim: Size, hidden: Size,
                  layers: Depth = 1, cell: Spec["cell"] = "gru", bidirectional: bool = False,
                  attention: Literal["none"] | Spec["score"] = "none", dropout: Probability = 0.0,
                  teacher_forcing: UnitInterval = 1.0,
@@ -56,7 +55,7 @@ class RNNSeq2Seq(LanguageModel):
         self.tie_embeddings = tie_embeddings
         self.embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(dropout)
-        self.encoder = RecurrentStack(dim, hidden, cell_factory(cell), layers=layers, dropout=dropout,
+        self.encoder = RecurrentStack(dim, hidden, parts.factory("cell", cell), layers=layers, dropout=dropout,
                                       bidirectional=bidirectional)
         directions = 2 if bidirectional else 1
         # A bidirectional encoder's states are 2H wide: project them to the decoder's H.
@@ -65,9 +64,10 @@ class RNNSeq2Seq(LanguageModel):
         self.attention = None
         context = 0
         if attention != "none":
-            self.attention = seqzoo.registry().create("score", attention, hidden, hidden, 1)
+            self.attention = parts.make("score", attention, hidden, hidden, 1)
             context = hidden
-        self.decoder = RecurrentStack(dim + context, hidden, cell_factory(cell), layers=layers, dropout=dropout)
+        self.decoder = RecurrentStack(dim + context, hidden, parts.factory("cell", cell), layers=layers,
+                                      dropout=dropout)
         self.readout = Linear(hidden + context + dim, dim)
         self.lm_head = Linear(dim, vocab_size, bias=False)
         init_weights(self, init_std, layers)

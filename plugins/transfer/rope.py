@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from seqzoo.builder import layer_plan
 from seqzoo.interfaces import TransferRule
-from seqzoo.nn.layers import layer_plan
 from seqzoo.registry import builtin
 
 from ._layers import kind_of, under
