@@ -181,7 +181,7 @@ def test_export_of_a_recipe_built_model_picks_its_family(tmp_path):
 
 
 def test_export_when_several_families_fit_asks_for_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(seqzoo.io.hf, "supported", lambda: ["gpt2", "gpt2"])
+    monkeypatch.setattr(seqzoo.io.hf.convert, "supported", lambda: ["gpt2", "gpt2"])
     with pytest.raises(seqzoo.CheckpointError,
                        match=r"several Hugging Face families fit this model \(gpt2, gpt2\)"):
         seqzoo.to_hf(seqzoo.build("tiny-gpt", device="cpu"), tmp_path / "out")
