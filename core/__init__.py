@@ -14,8 +14,9 @@ installed third-party plugins (entry-point group ``seqzoo``), then the local one
 The package is layered, each layer importing only those below it (``lint-imports`` checks it):
 ``cli`` (commands) > ``lab`` (plots, experiments, compare) > ``testing`` (the conformance kit) |
 ``train`` (training) >
-``data`` (token shards) > ``io`` (build, checkpoints, Hugging Face) > ``recipe`` > ``nn``
-(attention, mixers, blocks, the decode cache, generation) > ``registry`` > the contracts
+``data`` (token shards) > ``io`` (build, checkpoints, Hugging Face) > ``recipe`` > ``builder``
+(recipe specs to modules) > ``nn`` (attention, mixers, blocks, the decode cache, generation) >
+``registry`` > the contracts
 (``interfaces``, ``config``, ``hookspecs``, ``files``) > ``functional`` (the numeric kernels) >
 ``schema`` > ``errors``.
 

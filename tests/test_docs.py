@@ -89,7 +89,7 @@ def _interface(base: ast.expr) -> type | None:
     ``interfaces.PositionBias``), or None for anything else (``nn.Module``)."""
     name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
     found = getattr(interfaces, name, None) if name else None
-    return found if isinstance(found, type) and found.__module__ == interfaces.__name__ else None
+    return found if isinstance(found, type) and (found.__module__ + ".").startswith(interfaces.__name__ + ".") else None
 
 
 def _interfaces_of(cls: ast.ClassDef, local: dict[str, ast.ClassDef]) -> list[type]:
@@ -107,7 +107,7 @@ def _reference(interface: type, method: str) -> tuple[type, object] | None:
     """(defining interface, function) for ``method`` as seqzoo defines it, or None when only torch
     or the plugin itself defines it (``forward`` of a norm, a helper such as ``angles``)."""
     for owner in interface.__mro__:
-        if owner.__module__ == interfaces.__name__ and method in owner.__dict__:
+        if (owner.__module__ + ".").startswith(interfaces.__name__ + ".") and method in owner.__dict__:
             function = getattr(owner.__dict__[method], "__func__", owner.__dict__[method])
             return (owner, function) if inspect.isfunction(function) else None
     return None

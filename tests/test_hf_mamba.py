@@ -173,7 +173,7 @@ def test_intermediate_size_wins_over_expand_as_in_transformers(imported, tmp_pat
     ("mamba-tied", {"intermediate_size": 48},
      r"intermediate_size 48 is not supported; .* whole multiple \(expand\) of hidden_size 32"),
     ("mamba-tied", {"time_step_rank": 0}, r"time_step_rank 0 is not supported; it must be a positive integer"),
-    ("mamba-tied", {"use_bias": "yes"}, r"use_bias 'yes' must be true or false"),
+    ("mamba-tied", {"use_bias": "yes"}, r"use_bias 'yes' is not supported; it must be true or false"),
     ("falcon-tied", {"mixer_rms_eps": 0}, r"mixer_rms_eps 0 is not supported; it must be a positive number"),
 ])
 def test_unsupported_config_option_is_refused_in_one_line(imported, tmp_path, name, change, match):

@@ -158,7 +158,7 @@ def test_neox_old_config_and_mask_buffers_import(imported, tmp_path):
      r"use_sliding_window is False"),
     ("smollm3-5-layers", {"no_rope_layers": [1, 0]}, r"no_rope_layers \[1, 0\] is not supported"),
     ("smollm3-5-layers", {"no_rope_layers": None, "no_rope_layer_interval": 0},
-     r"no_rope_layer_interval 0 must be a positive integer"),
+     r"no_rope_layer_interval 0 is not supported; it must be a positive integer"),
     ("smollm3-5-layers", {"sliding_window": None}, r"sliding_window None is not supported"),
     ("smollm3-5-layers", {"layer_types": ["chunked_attention"] * 5}, r"layer_types .* is not supported"),
     ("smollm3-5-layers", {"rope_parameters": rope("default", 2e6, partial_rotary_factor=0.5)},

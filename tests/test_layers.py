@@ -129,11 +129,12 @@ def test_hybrid_stack_mixes_attention_and_recurrent_layers():
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_recipe_trains_a_few_steps(name):
     model = seqzoo.build(name, device="cpu")
-    config = TrainConfig(task={"kind": "copy", "min_len": 1, "max_len": 4}, steps=8, batch_size=8, lr=3e-3,
+    config = TrainConfig(task={"kind": "copy", "min_len": 1, "max_len": 4}, steps=30, batch_size=8, lr=3e-3,
                          warmup=1, eval_examples=4, log_every=1)
     result = train(model, config, seqzoo.tokenizer(model), quiet=True)
-    losses = [entry["loss"] for entry in result.history]
-    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    losses = torch.tensor([entry["loss"] for entry in result.history])
+    # from ln(259) = 5.56 to about 3.1 in 30 steps (measured 0.55-0.57 of the first loss for each family)
+    assert torch.isfinite(losses).all() and losses[-5:].mean() < 0.7 * losses[0], losses
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -242,7 +243,7 @@ def test_the_builder_builds_from_the_registry_it_is_given(fresh):
     from seqzoo.builder import Parts
     from seqzoo.interfaces import Norm
     from seqzoo.plugins.model.decoder_lm import DecoderLM
-    from seqzoo.registry import Component, _build
+    from seqzoo.registry import Component, build_registry
 
     class HalfNorm(Norm):
         """x / 2: a norm only the private registry knows."""
@@ -250,7 +251,7 @@ def test_the_builder_builds_from_the_registry_it_is_given(fresh):
         def forward(self, x):
             return x / 2
 
-    private = _build()
+    private = build_registry()
     private.add(Component("norm", "half", HalfNorm, plugin="test"))
     model = DecoderLM(Parts(private), vocab_size=16, dim=8, layers=1, max_seq_len=8,
                       attention=seqzoo.nn.attention.AttentionConfig(heads=2), norm="half")

@@ -85,7 +85,9 @@ def test_masked_lm_training_lowers_the_loss(corpus, tmp_path):
     result = train(model, config, seqzoo.tokenizer(model), output=str(tmp_path / "m.safetensors"), quiet=True)
     losses = [entry["loss"] for entry in result.history]
     assert losses[-1] < 0.75 * losses[0], losses
-    assert result.eval["loss"] < losses[0] and 0 <= result.eval["masked_accuracy"] <= 1
+    assert result.eval["loss"] < 0.75 * losses[0]  # held-out masked tokens, not the training batches
+    # 0.22 measured; a head that learned nothing guesses 1 in 260
+    assert result.eval["masked_accuracy"] > 0.1, result.eval
     assert "[MASK]" in result.example_prompt
     assert seqzoo.fill_mask(seqzoo.load(tmp_path / "m.safetensors"), "the cat s[MASK]t")  # the saved model fills
 

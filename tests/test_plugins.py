@@ -25,7 +25,8 @@ import seqzoo
 from seqzoo import testing
 from seqzoo.cli import main
 from seqzoo.io.checkpoint import ProvenanceWarning
-from seqzoo.recipe import _parse_requirement_fallback, parse_requirement, resolve
+from seqzoo.recipe import resolve
+from seqzoo.recipe.requires import _parse_requirement_fallback, parse_requirement
 
 registry_module = importlib.import_module("seqzoo.registry")  # the attribute seqzoo.registry is the function
 
@@ -334,7 +335,8 @@ def test_broken_entry_point_is_skipped_with_one_line(site, fresh, capsys, code, 
     assert re.search(reason, line), line
     assert reg.plugins["broken"].status == "skipped"
     assert "manhattan" in reg.names("score")  # everything else keeps working
-    assert seqzoo.build(with_score("scaled_dot"), device="meta") is not None
+    model = seqzoo.build(with_score("scaled_dot"), device="meta")
+    assert model.components["model.attention.score"]["plugin"] == "seqzoo.plugins.score.scaled_dot"
 
 
 def test_broken_plugin_does_not_change_the_exit_code(site, fresh, capsys):

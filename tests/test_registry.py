@@ -11,7 +11,7 @@ from torch import nn
 
 import seqzoo
 from seqzoo.interfaces import CORE_ARGS, ScoreFunction
-from seqzoo.registry import Registry, _build
+from seqzoo.registry import Registry, build_registry
 
 
 def test_list_kind_returns_only_that_kind_sorted():
@@ -94,14 +94,14 @@ class _Score(ScoreFunction):
 
 
 def _registry_with(*components: seqzoo.Component) -> Registry:
-    reg = _build()
+    reg = build_registry()
     for component in components:
         reg.add(component)
     return reg
 
 
 def test_add_same_kind_and_name_reports_both_plugins_and_keeps_the_builtin(capsys):
-    reg = _build()
+    reg = build_registry()
     clash = seqzoo.Component("score", "scaled_dot", _Score, plugin="acme", distribution="seqzoo-acme", version="1.0")
     assert reg.add(clash) is False
     err = capsys.readouterr().err.strip().splitlines()
@@ -114,14 +114,14 @@ def test_add_same_kind_and_name_reports_both_plugins_and_keeps_the_builtin(capsy
 
 
 def test_add_same_name_as_an_alias_is_a_clash(capsys):
-    reg = _build()
+    reg = build_registry()
     assert reg.add(seqzoo.Component("score", "sdpa", _Score, plugin="acme")) is False
     assert "the name is taken by score 'scaled_dot'" in capsys.readouterr().err
 
 
 def test_add_same_kind_and_name_raises_when_strict(monkeypatch):
     monkeypatch.setenv("SEQZOO_STRICT_PLUGINS", "1")
-    reg = _build()
+    reg = build_registry()
     clash = seqzoo.Component("score", "scaled_dot", _Score, plugin="acme")
     with pytest.raises(seqzoo.RegistryError, match=r"plugin 'acme' \(local\): score 'scaled_dot' rejected: "
                                                    r"the name is taken by .*seqzoo\.plugins\.score\.scaled_dot"):
@@ -154,7 +154,7 @@ def test_add_rejects_a_constructor_without_core_args(monkeypatch):
     ("score", "inst", _Score(1, 1, 1), r"expected a class, got"),
 ])
 def test_add_rejects_a_malformed_record_and_keeps_going(capsys, kind, name, cls, message):
-    reg = _build()
+    reg = build_registry()
     assert reg.add(seqzoo.Component(kind, name, cls, plugin="acme")) is False
     assert re.search(message, capsys.readouterr().err)
     assert (kind, name) not in reg.components
@@ -165,7 +165,7 @@ def test_add_rejects_a_malformed_record_and_keeps_going(capsys, kind, name, cls,
     ({"summary": "two\nlines"}, r"summary must be one line of text"),
 ])
 def test_add_rejects_malformed_aliases_and_summaries(capsys, fields, message):
-    reg = _build()
+    reg = build_registry()
     assert reg.add(seqzoo.Component("score", "plain", _Score, plugin="acme", **fields)) is False
     assert re.search(message, capsys.readouterr().err)
 

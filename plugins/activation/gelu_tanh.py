@@ -5,14 +5,17 @@ A name for ``{kind: gelu, approximate: tanh}``, as HF names it ``gelu_new`` / ``
 """
 from __future__ import annotations
 
-from seqzoo.registry import builtin
+import torch.nn.functional as F
+from torch import Tensor
 
-from .gelu import Gelu
+from seqzoo.interfaces import Activation
+from seqzoo.registry import builtin
 
 
 @builtin("GELU, tanh approximation (GPT-2 gelu_new, Gemma)")
-class GeluTanh(Gelu):
+class GeluTanh(Activation):
     """No recipe params: always the tanh approximation."""
 
-    def __init__(self) -> None:
-        super().__init__(approximate="tanh")
+    def forward(self, x: Tensor) -> Tensor:
+        """x (...) -> (...)."""
+        return F.gelu(x, approximate="tanh")

@@ -37,11 +37,11 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.io.hf.config import HFConfig
+from seqzoo.io.hf.rope import partial_factor, rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
 
-from ._rope import rope_config, rope_problem, rope_spec
-from .gpt_neox import partial_factor
-from .mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
+from ._mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
 
 #: BambaConfig's names of the Mamba-2 mixer's options, by seqzoo ``mamba2`` parameter.
 NAMES = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state": "mamba_d_state",
@@ -75,7 +75,7 @@ class BambaConverter(CausalLMConverter):
                 "time_step_limit": NO_LIMIT, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False}
 
     def config(self, config: dict) -> dict:
-        c = {**self.defaults, **config}
+        c = HFConfig(config, self.defaults)
         c["num_key_value_heads"] = c["num_key_value_heads"] or c["num_attention_heads"]
         c["head_dim"] = c["head_dim"] or c["hidden_size"] // c["num_attention_heads"]
         if c["mamba_d_head"] == "auto":
@@ -90,11 +90,8 @@ class BambaConverter(CausalLMConverter):
 
     def layer_kinds(self, c: dict) -> list[str]:
         """``mamba`` or ``attention`` for each layer, as BambaConfig.layers_block_type reads them."""
-        n, indices = c["num_hidden_layers"], c["attn_layer_indices"] or []
-        if not isinstance(indices, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n
-                                                for i in indices):
-            raise CheckpointError(f"config.json: attn_layer_indices {c['attn_layer_indices']!r} is not supported; "
-                                  f"it must list layer indices 0..{n - 1}")
+        n = c["num_hidden_layers"]
+        indices = c.layer_indices("attn_layer_indices", n)
         kinds = ["attention" if i in indices else "mamba" for i in range(n)]
         for key in ("layers_block_type", "layer_types"):  # derived, not stored; a stored copy must agree
             if key in c and [KINDS.get(k, k) for k in c[key] or []] != kinds:

@@ -24,6 +24,7 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
 DEFAULTS = {"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8,
@@ -33,7 +34,7 @@ DEFAULTS = {"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8,
 
 
 def _config(config: dict) -> dict:
-    c = {**DEFAULTS, **config}
+    c = HFConfig(config, DEFAULTS)
     c["hidden_size"] = c.get("n_embed") or c["hidden_size"]  # old configs say n_embed
     c["n_layer"] = config.get("num_hidden_layers", c["n_layer"])
     c["n_head"] = config.get("num_attention_heads", c["n_head"])

@@ -39,10 +39,11 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.io.hf.config import HFConfig
+from seqzoo.io.hf.rope import rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
 
 from ._moe import expert_rules, sparse_layout
-from ._rope import rope_config, rope_problem, rope_spec
 
 MLA_EPS = 1e-6  # DeepseekV3RMSNorm's default, used by q_a_layernorm and kv_a_layernorm
 GLU = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
@@ -83,7 +84,7 @@ class DeepseekV3Converter(CausalLMConverter):
                 "attention_dropout": 0.0}
 
     def config(self, config: dict) -> dict:
-        c = {**self.defaults, **config}
+        c = HFConfig(config, self.defaults)
         if c["attention_dropout"]:
             raise CheckpointError(f"config.json: attention_dropout {c['attention_dropout']} is not supported; "
                                   f"seqzoo's latent attention has no dropout")

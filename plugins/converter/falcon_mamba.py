@@ -14,11 +14,11 @@ from typing import ClassVar
 
 from seqzoo.registry import builtin
 
-from .mamba import DEFAULTS, MambaConverter
+from ._mamba import DEFAULTS, MambaLayout
 
 
 @builtin("Hugging Face Falcon-Mamba <-> decoder_lm (mamba mixer with B/C/Δ norms)")
-class FalconMambaConverter(MambaConverter):
+class FalconMambaConverter(MambaLayout):
     """Mamba's config.json keys plus mixer_rms_eps (1e-6)."""
 
     model_type = "falcon_mamba"

@@ -16,29 +16,26 @@ from __future__ import annotations
 import copy
 
 from seqzoo.errors import CheckpointError
+from seqzoo.io.hf.decoder import DecoderFamily
+from seqzoo.io.hf.rope import rope_parameters, rope_spec
 from seqzoo.registry import builtin
 
-from ._rope import rope_parameters, rope_spec
-from .gemma2 import TYPES, Gemma2Converter
+from ._gemma import GEMMA2_DEFAULTS, NORMS, TYPES, GemmaConverter
 
 
 @builtin("Hugging Face Gemma 3 text <-> decoder_lm (5:1 local/global, RoPE per layer type, (1+w) QK-norm)")
-class Gemma3TextConverter(Gemma2Converter):
+class Gemma3TextConverter(GemmaConverter):
     """Gemma 2's keys (softcaps null by default) plus rope_parameters per layer type (or rope_theta,
     rope_local_base_freq and rope_scaling) and sliding_window_pattern (6)."""
 
-    model_type = "gemma3_text"
-    architecture = "Gemma3ForCausalLM"
-    defaults = {**Gemma2Converter.defaults, "vocab_size": 262208, "max_position_embeddings": 131072,
-                "final_logit_softcapping": None, "attn_logit_softcapping": None,
-                "use_bidirectional_attention": False}
-    qk_norm_scope = "head"
+    family = DecoderFamily(
+        "gemma3_text", "Gemma3ForCausalLM", "Gemma 3", placement="sandwich", norms=NORMS, qk_norm_scope="head",
+        defaults={**GEMMA2_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072,
+                  "final_logit_softcapping": None, "attn_logit_softcapping": None,
+                  "use_bidirectional_attention": False})
     rope_per_type = True
     attention_softcap = False
-
-    def default_layer_types(self, c: dict) -> list[str]:
-        period = c.get("sliding_window_pattern") or 6
-        return ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(c["num_hidden_layers"])]
+    period_key = "sliding_window_pattern"
 
     def ropes(self, config: dict, c: dict) -> dict[str, dict]:
         # As Gemma3TextConfig.convert_rope_params_to_dict: a legacy rope_scaling joins the global

@@ -25,6 +25,7 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
 DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
@@ -45,7 +46,7 @@ class GPT2Converter(CausalLMConverter):
     ignored = (r"\.attn\.bias$", r"\.attn\.masked_bias$")  # causal-mask buffers of old checkpoints
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
-        c = {**DEFAULTS, **config}
+        c = HFConfig(config, DEFAULTS)
         for key in ("add_cross_attention", "scale_attn_by_inverse_layer_idx"):
             if c.get(key):
                 raise CheckpointError(f"config.json: gpt2 {key}: true is not supported")

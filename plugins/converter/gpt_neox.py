@@ -13,7 +13,6 @@ causal mask) and ``rotary_emb.inv_freq``; they hold no weights and are skipped.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 
 from torch import nn
@@ -32,9 +31,9 @@ from seqzoo.io.hf import (
     norm,
     special_ids,
 )
+from seqzoo.io.hf.config import HFConfig
+from seqzoo.io.hf.rope import partial_factor, rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
-
-from ._rope import rope_config, rope_problem, rope_spec
 
 # GPTNeoXConfig's defaults (transformers 5); rotary_pct 0.25 and rotary_emb_base 10000 are read in
 # ``rope_parameters`` below, as the config class reads them.
@@ -45,7 +44,7 @@ DEFAULTS = {"vocab_size": 50432, "hidden_size": 6144, "num_hidden_layers": 44, "
 
 
 def _config(config: dict) -> dict:
-    c = {**DEFAULTS, **config}
+    c = HFConfig(config, DEFAULTS)
     heads = c["num_attention_heads"]
     if c["hidden_size"] % heads:
         raise CheckpointError(f"config.json: hidden_size {c['hidden_size']} is not divisible by "
@@ -70,23 +69,13 @@ def rope_parameters(config: dict) -> tuple[dict, float]:
 def rotary_dim(config: dict, head_dim: int) -> int:
     """d_r = int(head_dim · partial_rotary_factor), as transformers computes it."""
     _, partial = rope_parameters(config)
-    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-        raise CheckpointError(f"config.json: partial_rotary_factor (rotary_pct) {partial!r} is not supported; "
-                              f"it must be a number in (0, 1]")
+    partial = HFConfig(config).fraction("partial_rotary_factor (rotary_pct)", partial)
     dims = int(head_dim * partial)
     # An odd d_r makes transformers rotate d_r + 1 dims with frequencies over d_r: no rope has that.
     if dims == 0 or dims % 2:
         raise CheckpointError(f"config.json: partial_rotary_factor (rotary_pct) {partial} gives {dims} rotary "
                               f"dims of head_dim {head_dim}; seqzoo rotates an even number > 0")
     return dims
-
-
-def partial_factor(rotary: int, head_dim: int) -> float:
-    """The float f with int(head_dim · f) == rotary: r/h, nudged up if rounding lands just below."""
-    factor = rotary / head_dim
-    while int(head_dim * factor) < rotary:
-        factor = math.nextafter(factor, 2.0)
-    return factor
 
 
 @builtin("Hugging Face GPT-NeoX / Pythia <-> decoder_lm (parallel residual, partial rotary, per-head fused qkv)")

@@ -18,10 +18,10 @@ from torch import nn
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern
+from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
 
 from ._moe import stacked_expert_rules, without_layout
-from .llama import LlamaConverter
 
 #: transformers' layer_types names and the recipe's.
 KINDS = {"sliding_attention": "local", "full_attention": "global"}
@@ -29,18 +29,18 @@ KINDS = {"sliding_attention": "local", "full_attention": "global"}
 
 @builtin("Hugging Face gpt-oss <-> decoder_lm (sinks, alternating windows, top-k softmax experts with the "
          "clamped SwiGLU)")
-class GptOssConverter(LlamaConverter):
+class GptOssConverter(DecoderConverter):
     """LLaMA's keys plus head_dim, attention_bias (true), sliding_window, layer_types,
     num_local_experts, num_experts_per_tok, intermediate_size (each expert's width), swiglu_alpha,
     swiglu_limit and router_aux_loss_coef."""
 
-    model_type = "gpt_oss"
-    architecture = "GptOssForCausalLM"
-    defaults = {**LlamaConverter.defaults, "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
-                "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
-                "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "attention_bias": True,
-                "sliding_window": 128, "layer_types": None, "num_local_experts": 128, "num_experts_per_tok": 4,
-                "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "router_aux_loss_coef": 0.001}
+    family = DecoderFamily(
+        "gpt_oss", "GptOssForCausalLM", "gpt-oss",
+        defaults={**LLAMA_DEFAULTS, "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+                  "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                  "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "attention_bias": True,
+                  "sliding_window": 128, "layer_types": None, "num_local_experts": 128, "num_experts_per_tok": 4,
+                  "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "router_aux_loss_coef": 0.001})
 
     def layer_kinds(self, c: dict) -> list[str]:
         """``local`` or ``global`` per layer (transformers' default: sliding at even layers)."""
@@ -109,10 +109,6 @@ class GptOssConverter(LlamaConverter):
             (spec.get("shared") is None and spec.get("capacity_factor") is None and spec.get("routed_scale") == 1.0,
              "model.ffn: gpt-oss has no shared expert, capacity or routed scale"),
         ) or super().accepts(recipe)
-
-    def attention_problem(self, m: dict) -> str | None:
-        attn = m["attention"]
-        return None if attn["out_bias"] in (None, attn["bias"]) else "model.attention: gpt-oss's biases are alike"
 
     def family_config(self, model: nn.Module) -> dict:
         plans = layer_plan(model.recipe["model"])

@@ -37,6 +37,7 @@ from seqzoo.io.hf import (
     renamed,
     special_ids,
 )
+from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
 from ._moe import expert_rules, softmax_moe, softmax_moe_problem
@@ -75,7 +76,7 @@ class JambaConverter(CausalLMConverter):
                 "router_aux_loss_coef": 0.001, "tie_word_embeddings": False, "initializer_range": 0.02}
 
     def config(self, config: dict) -> dict:
-        c = {**self.defaults, **config}
+        c = HFConfig(config, self.defaults)
         c["num_key_value_heads"] = c["num_key_value_heads"] or c["num_attention_heads"]
         if c["mamba_dt_rank"] == "auto":
             c["mamba_dt_rank"] = math.ceil(c["hidden_size"] / 16)
@@ -83,8 +84,7 @@ class JambaConverter(CausalLMConverter):
             raise CheckpointError(f"config.json: hidden_act {c['hidden_act']!r} is not supported for jamba; its "
                                   f"Mamba mixers apply SiLU, as seqzoo's do")
         for key in ("attn_layer_period", "expert_layer_period"):
-            if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
-                raise CheckpointError(f"config.json: {key} {c[key]!r} is not supported; it must be a positive integer")
+            c.positive_int(key)
         return c
 
     def kinds(self, c: dict) -> list[str]:

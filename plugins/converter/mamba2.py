@@ -23,89 +23,20 @@ seqzoo keeps the residual in the run's dtype, the same thing in float32; exports
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection
 
 from torch import nn
 
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
-from seqzoo.io.hf import CausalLMConverter, Rule, copy, first_problem, kind_of, linear, norm, special_ids
+from seqzoo.io.hf import CausalLMConverter, Rule, first_problem, kind_of, norm, special_ids
+from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
+from ._mamba2 import NAMES, NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
+
+
 #: transformers 5 writes ±inf and NaN in config.json as {"__float__": "Infinity"}.
-SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
-#: A time_step_limit that changes nothing (softplus is never negative).
-NO_LIMIT = (0.0, math.inf)
-
-
-def time_step_limit(value: Any) -> list[float] | None:
-    """seqzoo's ``dt_limit`` for a config's ``time_step_limit``: None for (0, ∞), else [lo, hi]."""
-    pair = [SPECIAL_FLOATS.get(v.get("__float__"), v) if isinstance(v, dict) else v
-            for v in value] if isinstance(value, list | tuple) else None
-    if (pair is None or len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int | float) for v in pair)
-            or any(math.isnan(v) for v in pair) or pair[0] > pair[1] or pair[1] <= 0):
-        raise CheckpointError(f"config.json: time_step_limit {value!r} is not supported; it must be a pair "
-                              f"[lo, hi] with lo ≤ hi and hi > 0 ([0.0, Infinity] for none)")
-    return None if (float(pair[0]) <= 0.0 and pair[1] == math.inf) else [float(v) for v in pair]
-
-
-#: Mamba2Config's names of the mixer's options, by seqzoo ``mamba2`` parameter (Bamba has its own).
-NAMES = {"heads": "num_heads", "head_dim": "head_dim", "state": "state_size", "groups": "n_groups",
-         "conv": "conv_kernel", "expand": "expand", "bias": "use_bias", "conv_bias": "use_conv_bias",
-         "chunk": "chunk_size"}
-
-
-def mixer_spec(c: Mapping, names: Mapping[str, str], dim: int, eps: float) -> dict:
-    """The ``mamba2`` mixer spec for config ``c`` (defaults filled in) whose options are called
-    ``names``, or a CheckpointError naming the first option seqzoo cannot express."""
-    get = {key: c[name] for key, name in names.items()}
-    heads, head_dim, groups, expand = get["heads"], get["head_dim"], get["groups"], get["expand"]
-    for key in ("heads", "head_dim", "state", "groups", "conv", "expand", "chunk"):
-        if isinstance(get[key], bool) or not isinstance(get[key], int) or get[key] < 1:
-            raise CheckpointError(f"config.json: {names[key]} {get[key]!r} is not supported; it must be a "
-                                  f"positive integer")
-    if heads * head_dim != expand * dim:
-        raise CheckpointError(f"config.json: {names['heads']} {heads} × {names['head_dim']} {head_dim} = "
-                              f"{heads * head_dim} must equal {names['expand']}·hidden_size = {expand * dim}")
-    if heads % groups:
-        raise CheckpointError(f"config.json: {names['groups']} {groups} is not supported; it must divide "
-                              f"{names['heads']} {heads}")
-    return {"kind": "mamba2", "state": get["state"], "head_dim": head_dim, "groups": groups, "conv": get["conv"],
-            "expand": expand, "bias": get["bias"], "conv_bias": get["conv_bias"], "norm_eps": eps,
-            "dt_limit": time_step_limit(c["time_step_limit"]), "chunk": get["chunk"]}
-
-
-def mixer_config(spec: Mapping, names: Mapping[str, str], dim: int) -> dict:
-    """config.json's mixer options (called ``names``) for a resolved ``mamba2`` spec."""
-    values = {**{key: spec[key] for key in names if key != "heads"}, "heads": spec["expand"] * dim // spec["head_dim"]}
-    out = {name: values[key] for key, name in names.items()}
-    if spec["dt_limit"] is not None:  # else the configs' default (0, ∞), which JSON cannot spell portably
-        out["time_step_limit"] = [float(v) for v in spec["dt_limit"]]
-    return out
-
-
-def mixer_rules(ours: str, theirs: str, spec: Mapping) -> list[Rule]:
-    """A ``mamba2`` mixer's tensors (seqzoo prefix ``ours``, HF prefix ``theirs``): same names, same
-    shapes."""
-    rules = [copy(ours + name, theirs + name) for name in ("A_log", "D", "dt_bias", "norm.weight")]
-    rules += linear(ours + "in_proj", theirs + "in_proj", spec["bias"])
-    rules += linear(ours + "conv1d", theirs + "conv1d", spec["conv_bias"])
-    return rules + linear(ours + "out_proj", theirs + "out_proj", spec["bias"])
-
-
-def mixer_problem(spec: Mapping, eps: float, family: str) -> str | None:
-    """Why a resolved ``mamba2`` spec has no HF form (the family has one ε, ``eps``), or None."""
-    limit = spec["dt_limit"]
-    return first_problem(
-        (spec["norm_eps"] == eps, f"model.mixer.norm_eps {spec['norm_eps']} must equal model.norm.eps {eps} "
-                                  f"({family} has one ε)"),
-        (limit is None or (len(limit) == 2 and limit[0] <= limit[1]),
-         f"model.mixer.dt_limit {limit} must be a pair [lo, hi] with lo ≤ hi"),
-    )
-
-
 @builtin("Hugging Face Mamba-2 <-> decoder_lm (SSD mixers, grouped B/C, gated norm)")
 class Mamba2Converter(CausalLMConverter):
     """config.json keys: hidden_size, num_hidden_layers, num_heads, head_dim, state_size, n_groups,
@@ -127,7 +58,7 @@ class Mamba2Converter(CausalLMConverter):
     max_seq_len = 1048576
 
     def config(self, config: dict) -> dict:
-        c = {**self.defaults, **config}
+        c = HFConfig(config, self.defaults)
         if c["hidden_act"] != "silu":
             raise CheckpointError(f"config.json: hidden_act {c['hidden_act']!r} is not supported for mamba2; "
                                   f"seqzoo's Mamba-2 mixer uses silu")

@@ -9,27 +9,26 @@ seqzoo does not do: a non-zero value is refused.
 """
 from __future__ import annotations
 
-from torch import nn
-
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import glu_ffn
+from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
 
 from ._moe import MixtureOfExpertsFamily, softmax_moe, softmax_moe_problem
-from .mistral import MistralConverter
 
 
 @builtin("Hugging Face Mixtral <-> decoder_lm (Mistral attention, softmax top-k mixture of SwiGLU experts)")
-class MixtralConverter(MixtureOfExpertsFamily, MistralConverter):
+class MixtralConverter(MixtureOfExpertsFamily, DecoderConverter):
     """Mistral's keys (sliding_window null by default) plus num_local_experts, num_experts_per_tok,
     intermediate_size (each expert's width), router_aux_loss_coef and router_jitter_noise (0)."""
 
-    model_type = "mixtral"
-    architecture = "MixtralForCausalLM"
+    family = DecoderFamily(
+        "mixtral", "MixtralForCausalLM", "Mixtral", qkv_bias=False, out_bias=False, window="sliding_window",
+        defaults={**LLAMA_DEFAULTS, "intermediate_size": 14336, "num_key_value_heads": 8,
+                  "max_position_embeddings": 4096 * 32, "sliding_window": None, "num_local_experts": 8,
+                  "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0})
     mlp = "block_sparse_moe."
     expert_names = ("w1", "w3", "w2")
-    defaults = {**MistralConverter.defaults, "sliding_window": None, "num_local_experts": 8,
-                "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0}
 
     def config(self, config: dict) -> dict:
         c = super().config(config)
@@ -37,15 +36,6 @@ class MixtralConverter(MixtureOfExpertsFamily, MistralConverter):
             raise CheckpointError(f"config.json: router_jitter_noise {c['router_jitter_noise']} is not supported; "
                                   f"seqzoo's router adds no training noise (set it to 0.0)")
         return c
-
-    def window(self, c: dict) -> int | None:
-        return c["sliding_window"]
-
-    def attention_problem(self, m: dict) -> str | None:  # Mistral's, a window or none
-        attn = m["attention"]
-        if attn["bias"] or attn["out_bias"]:
-            return "model.attention: Mixtral has no biases"
-        return None
 
     def moe_spec(self, c: dict) -> dict:
         expert = glu_ffn(c["hidden_act"], c["intermediate_size"], False)
@@ -58,6 +48,3 @@ class MixtralConverter(MixtureOfExpertsFamily, MistralConverter):
     def moe_config(self, spec: dict, sparse: list[bool]) -> dict:
         return {"num_local_experts": spec["experts"], "num_experts_per_tok": spec["top_k"],
                 "router_aux_loss_coef": spec["balance_loss"], "router_jitter_noise": 0.0}
-
-    def family_config(self, model: nn.Module) -> dict:
-        return {"sliding_window": model.recipe["model"]["attention"]["window"]}

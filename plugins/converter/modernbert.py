@@ -39,9 +39,9 @@ from seqzoo.io.hf import (
     special_ids,
     split,
 )
+from seqzoo.io.hf.config import HFConfig
+from seqzoo.io.hf.rope import rope_parameters, rope_problem, rope_spec
 from seqzoo.registry import builtin
-
-from ._rope import rope_parameters, rope_problem, rope_spec
 
 DEFAULTS = {"vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
             "num_attention_heads": 12, "hidden_activation": "gelu", "max_position_embeddings": 8192,
@@ -82,7 +82,7 @@ class ModernBertConverter(HFConverter):
     architecture = "ModernBertModel"
 
     def config(self, config: dict) -> dict:
-        c = {**DEFAULTS, **config}
+        c = HFConfig(config, DEFAULTS)
         for key, default in REFUSED.items():
             if c[key] != default:
                 raise CheckpointError(f"config.json: modernbert {key} {c[key]} is not supported (seqzoo's "

@@ -7,27 +7,24 @@ as OLMo 2 — but with pre-norms), and in every layer a softmax top-k mixture of
 """
 from __future__ import annotations
 
-from torch import nn
-
 from seqzoo.errors import CheckpointError
-from seqzoo.io.hf import first_problem, glu_ffn
+from seqzoo.io.hf import glu_ffn
+from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
 
 from ._moe import MixtureOfExpertsFamily, softmax_moe, softmax_moe_problem
-from .llama import LlamaConverter
 
 
 @builtin("Hugging Face OLMoE <-> decoder_lm (whole-projection QK-norm, softmax top-k experts)")
-class OlmoeConverter(MixtureOfExpertsFamily, LlamaConverter):
+class OlmoeConverter(MixtureOfExpertsFamily, DecoderConverter):
     """LLaMA's keys plus num_experts, num_experts_per_tok, norm_topk_prob, router_aux_loss_coef and
     clip_qkv (null)."""
 
-    model_type = "olmoe"
-    architecture = "OlmoeForCausalLM"
-    defaults = {**LlamaConverter.defaults, "vocab_size": 50304, "intermediate_size": 2048, "rms_norm_eps": 1e-5,
-                "max_position_embeddings": 4096, "num_experts": 64, "num_experts_per_tok": 8,
-                "norm_topk_prob": False, "router_aux_loss_coef": 0.01, "clip_qkv": None}
-    qk_norm_scope = "projection"
+    family = DecoderFamily(
+        "olmoe", "OlmoeForCausalLM", "OLMoE", qk_norm_scope="projection",
+        defaults={**LLAMA_DEFAULTS, "vocab_size": 50304, "intermediate_size": 2048, "rms_norm_eps": 1e-5,
+                  "max_position_embeddings": 4096, "num_experts": 64, "num_experts_per_tok": 8,
+                  "norm_topk_prob": False, "router_aux_loss_coef": 0.01, "clip_qkv": None})
 
     def config(self, config: dict) -> dict:
         c = super().config(config)
@@ -35,16 +32,6 @@ class OlmoeConverter(MixtureOfExpertsFamily, LlamaConverter):
             raise CheckpointError(f"config.json: clip_qkv {c['clip_qkv']} is not supported; seqzoo does not clamp "
                                   f"q, k and v (set it to null)")
         return c
-
-    def biases(self, c: dict) -> tuple[bool, bool, bool]:
-        return c["attention_bias"], c["attention_bias"], False
-
-    def attention_problem(self, m: dict) -> str | None:
-        attn = m["attention"]
-        return first_problem(
-            (attn["window"] is None, "model.attention.window: OLMoE has no sliding window"),
-            (attn["out_bias"] in (None, attn["bias"]), "model.attention: OLMoE has q/k/v and output biases alike"),
-        )
 
     def moe_spec(self, c: dict) -> dict:
         return softmax_moe(c["num_experts"], c["num_experts_per_tok"], glu_ffn(c["hidden_act"], c["intermediate_size"],
@@ -58,6 +45,3 @@ class OlmoeConverter(MixtureOfExpertsFamily, LlamaConverter):
         return {"num_experts": spec["experts"], "num_experts_per_tok": spec["top_k"],
                 "norm_topk_prob": spec["router"]["normalize"], "router_aux_loss_coef": spec["balance_loss"],
                 "clip_qkv": None}
-
-    def family_config(self, model: nn.Module) -> dict:
-        return {"attention_bias": model.recipe["model"]["attention"]["bias"]}

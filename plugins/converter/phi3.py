@@ -22,35 +22,25 @@ from torch import nn
 
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, copy, first_problem, renamed, split
+from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
-
-from .llama import LlamaConverter
 
 #: Phi-3's L when config.json has none (transformers' Phi3Config default).
 ORIGINAL = 4096
 
 
 @builtin("Hugging Face Phi-3 <-> decoder_lm (fused qkv/gate_up, partial rotary, LongRoPE)")
-class Phi3Converter(LlamaConverter):
+class Phi3Converter(DecoderConverter):
     """LLaMA's keys (without attention_bias / mlp_bias) plus original_max_position_embeddings,
     partial_rotary_factor, sliding_window, resid_pdrop (0) and embd_pdrop (unused by transformers)."""
 
-    model_type = "phi3"
-    architecture = "Phi3ForCausalLM"
-    defaults = {**LlamaConverter.defaults, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
-                "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None,
-                "resid_pdrop": 0.0}
-    scalings = ("default", "longrope")
-    partial_rotary = True
     # Without LongRoPE or partial rotary a Phi-3 is a LLaMA (or, with a window, a Mistral): export
-    # picks phi3 by itself only for what the others cannot hold.
-    named_only = True
-
-    def biases(self, c: dict) -> tuple[bool, bool, bool]:
-        return False, False, False
-
-    def window(self, c: dict) -> int | None:
-        return c["sliding_window"]
+    # picks phi3 by itself only for what the others cannot hold (named_only).
+    family = DecoderFamily(
+        "phi3", "Phi3ForCausalLM", "Phi-3", qkv_bias=False, out_bias=False, window="sliding_window",
+        scalings=("default", "longrope"), partial_rotary=True, named_only=True,
+        defaults={**LLAMA_DEFAULTS, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+                  "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None, "resid_pdrop": 0.0})
 
     def rope_view(self, config: dict) -> dict:
         """config.json with its rope as Phi3Config reads it: rope_scaling before rope_parameters,
@@ -91,9 +81,7 @@ class Phi3Converter(LlamaConverter):
 
     def attention_problem(self, m: dict) -> str | None:
         attn, scaling = m["attention"], m["position"].get("scaling")
-        return first_problem(
-            (not attn["bias"] and not attn["out_bias"], "model.attention: Phi-3 has no biases"),
-            (not m["ffn"]["bias"], "model.ffn: Phi-3's MLP has no biases"),
+        return super().attention_problem(m) or first_problem(
             # transformers checks the factor lists against hidden_size / heads, not head_dim
             (scaling is None or attn["head_dim"] in (None, m["dim"] // attn["heads"]),
              "model.attention.head_dim: Phi-3's longrope needs head_dim = dim / heads"),
@@ -103,7 +91,7 @@ class Phi3Converter(LlamaConverter):
         m = model.recipe["model"]
         scaling = m["position"]["scaling"]
         original = scaling["original_max_seq_len"] if scaling is not None else m["max_seq_len"]
-        return {"sliding_window": m["attention"]["window"], "original_max_position_embeddings": original}
+        return {**super().family_config(model), "original_max_position_embeddings": original}
 
     def hf_config(self, model: nn.Module) -> dict:
         config = super().hf_config(model)

@@ -7,34 +7,32 @@ by a sigmoid gate: y = Σ_j w_j E_j(x) + σ(g·x) S(x) (``shared`` and ``shared_
 """
 from __future__ import annotations
 
-from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import Rule, first_problem, glu_ffn, kind_of, renamed
+from seqzoo.io.hf.config import HFConfig
+from seqzoo.io.hf.decoder import DecoderFamily
 from seqzoo.registry import builtin
 
 from ._moe import softmax_moe_problem
-from .qwen2 import Qwen2Converter
-from .qwen3_moe import QwenMoeFamily
+from ._qwen import QWEN2_DEFAULTS, QwenMoeFamily, QwenWindow
 
 
 @builtin("Hugging Face Qwen2-MoE <-> decoder_lm (routed experts plus a sigmoid-gated shared expert)")
-class Qwen2MoeConverter(QwenMoeFamily, Qwen2Converter):
+class Qwen2MoeConverter(QwenMoeFamily, QwenWindow):
     """Qwen2's keys plus num_experts, num_experts_per_tok, moe_intermediate_size,
     shared_expert_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers,
     router_aux_loss_coef."""
 
-    model_type = "qwen2_moe"
-    architecture = "Qwen2MoeForCausalLM"
+    family = DecoderFamily(
+        "qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2-MoE", qkv_bias=True, out_bias=False,
+        defaults={**QWEN2_DEFAULTS, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "router_aux_loss_coef": 0.001})
     experts_keys = ("num_experts", "num_local_experts")
-    defaults = {**Qwen2Converter.defaults, "intermediate_size": 5632, "moe_intermediate_size": 1408,
-                "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
-                "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
-                "router_aux_loss_coef": 0.001}
 
     def moe_spec(self, c: dict) -> dict:
-        width = c["shared_expert_intermediate_size"]
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise CheckpointError(f"config.json: shared_expert_intermediate_size {width!r} is not supported; "
-                                  f"seqzoo's Qwen2-MoE layers have a shared expert at least 1 wide")
+        width = HFConfig(c).positive_int("shared_expert_intermediate_size",
+                                          why="seqzoo's Qwen2-MoE layers have a shared expert at least 1 wide")
         return {**super().moe_spec(c), "shared": glu_ffn(c["hidden_act"], width, False), "shared_gate": True}
 
     def moe_problem(self, spec: dict) -> str | None:

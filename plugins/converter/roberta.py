@@ -15,13 +15,13 @@ from __future__ import annotations
 from seqzoo.io.hf import activation_name, first_problem
 from seqzoo.registry import builtin
 
-from .bert import DEFAULTS, BertConverter
+from ._bert import DEFAULTS, BertLayout
 
 ROBERTA = {**DEFAULTS, "vocab_size": 50265, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
 
 
 @builtin("Hugging Face RoBERTa <-> encoder (positions after the pad id, MLM head)")
-class RobertaConverter(BertConverter):
+class RobertaConverter(BertLayout):
     """BERT's config.json keys; pad_token_id (1) is also the position offset."""
 
     model_type = "roberta"

@@ -19,9 +19,9 @@ from torch import nn
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.hf import layer_pattern
+from seqzoo.io.hf.config import HFConfig
+from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
-
-from .llama import LlamaConverter
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 Kind = tuple[bool, int | None]  # (rotates with RoPE, sliding window or None)
@@ -38,25 +38,23 @@ def _spec(kind: Kind) -> dict:
 
 
 @builtin("Hugging Face SmolLM3 <-> decoder_lm (NoPE layers by layer_types)")
-class SmolLM3Converter(LlamaConverter):
+class SmolLM3Converter(DecoderConverter):
     """LLaMA's keys plus no_rope_layers, no_rope_layer_interval (4), use_sliding_window,
     sliding_window and layer_types; rope_theta defaults to 2e6, tie_word_embeddings to true."""
 
-    model_type = "smollm3"
-    architecture = "SmolLM3ForCausalLM"
-    defaults = {**LlamaConverter.defaults, "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008,
-                "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4,
-                "max_position_embeddings": 32768, "tie_word_embeddings": True, "use_sliding_window": False,
-                "sliding_window": None, "no_rope_layers": None, "no_rope_layer_interval": 4, "layer_types": None}
+    family = DecoderFamily(
+        "smollm3", "SmolLM3ForCausalLM", "SmolLM3", mlp_bias="mlp_bias",
+        defaults={**LLAMA_DEFAULTS, "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008,
+                  "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4,
+                  "max_position_embeddings": 32768, "tie_word_embeddings": True, "use_sliding_window": False,
+                  "sliding_window": None, "no_rope_layers": None, "no_rope_layer_interval": 4, "layer_types": None})
 
     def layer_kinds(self, c: dict) -> list[Kind]:
         """(RoPE?, window) of each layer, as SmolLM3Config and its attention read the config."""
         n = c["num_hidden_layers"]
         switch = c["no_rope_layers"]
         if switch is None:
-            interval = c["no_rope_layer_interval"]
-            if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-                raise CheckpointError(f"config.json: no_rope_layer_interval {interval!r} must be a positive integer")
+            interval = HFConfig(c).positive_int("no_rope_layer_interval")
             switch = [int((i + 1) % interval != 0) for i in range(n)]
         if not isinstance(switch, list) or len(switch) < n or any(s not in (0, 1) for s in switch[:n]):
             raise CheckpointError(f"config.json: no_rope_layers {switch!r} is not supported; it must list 0 (NoPE) "
@@ -75,9 +73,7 @@ class SmolLM3Converter(LlamaConverter):
                 raise CheckpointError(f"config.json: layer_types marks {SLIDING} layers but use_sliding_window is "
                                       f"{use}; transformers' attention backends disagree on that, set it true or "
                                       f"mark the layers {FULL}")
-            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise CheckpointError(f"config.json: sliding_window {window!r} is not supported for "
-                                      f"{SLIDING} layers; it must be a positive integer")
+            HFConfig(c).positive_int("sliding_window", why=f"{SLIDING} layers need a positive integer")
         return [(bool(switch[i]), window if types[i] == SLIDING else None) for i in range(n)]
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
@@ -118,7 +114,7 @@ class SmolLM3Converter(LlamaConverter):
         m = model.recipe["model"]
         plans = layer_plan(m)
         window = next((p.attention.window for p in plans if p.attention.window is not None), None)
-        return {"attention_bias": m["attention"]["bias"], "mlp_bias": m["ffn"]["bias"],
+        return {**super().family_config(model),
                 "no_rope_layers": [int(p.position.get("kind") != "none") for p in plans],
                 "layer_types": [SLIDING if p.attention.window is not None else FULL for p in plans],
                 "use_sliding_window": window is not None, "sliding_window": window}

@@ -29,6 +29,7 @@ from seqzoo.io.hf import (
     special_ids,
     uniform_problem,
 )
+from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
 DEFAULTS = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
@@ -38,7 +39,7 @@ DEFAULTS = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_
 
 
 def _config(config: dict) -> dict:
-    c = {**DEFAULTS, **config}
+    c = HFConfig(config, DEFAULTS)
     c["num_decoder_layers"] = c["num_decoder_layers"] or c["num_layers"]
     parts = c["feed_forward_proj"].split("-")
     c["gated"] = len(parts) == 2 and parts[0] == "gated"

@@ -23,9 +23,9 @@ from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
+from ._conv_state import MambaState, causal_conv
 from ._segments import in_segments
 from ._ssd import ssd_scan, ssd_step
-from .mamba import MambaState, causal_conv
 
 
 class GatedRMSNorm(nn.Module):

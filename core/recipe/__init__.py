@@ -10,25 +10,23 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 
-from .config import RuntimeConfig, TrainConfig
-from .errors import RecipeError, RegistryError, closest
-from .interfaces import CORE_ARGS
-from .registry import canonical_name, installed_version, registry
-from .schema import SchemaError, Spec, Validator, dotted
+from ..config import RuntimeConfig, TrainConfig
+from ..errors import RecipeError, RegistryError, closest
+from ..interfaces import CORE_ARGS
+from ..registry import registry
+from ..schema import SchemaError, Spec, Validator, dotted
+from .requires import Requirement, parse_requirement, parse_requires, requires_hint
+from .yaml_lines import Location, read_yaml
 
 FORMAT_VERSION = 1
 MAX_EXTENDS_DEPTH = 16
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML, not a data file
-MAX_NESTING = 32  # mappings and lists inside each other
-
-Location = tuple[str, int]  # (file, 1-based line)
 
 
 # The runtime: and train: sections' schemas live in seqzoo.config (the trainer reads them too).
@@ -86,77 +84,6 @@ class _Source:
         return RecipeError(f"{prefix}{dotted(path)}: {message}" if path else f"{prefix}{message}")
 
 
-# -- YAML with line numbers ----------------------------------------------------------------------
-def _read_yaml(text: str, file: str) -> tuple[Any, dict[tuple, Location]]:
-    """Parse ``text`` safely; return the data and the line of every key path (1-based)."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is not None:
-            _check_nesting(node, file)
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise RecipeError(f"{file}:1: nesting too deep to read (limit {MAX_NESTING} levels)") from None
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        problem = error.problem or error.context or "invalid YAML"
-        raise RecipeError(f"{file}:{line}: invalid YAML: {problem}") from None
-    except yaml.YAMLError as error:
-        raise RecipeError(f"{file}:1: invalid YAML: {str(error).splitlines()[0]}") from None
-    where: dict[tuple, Location] = {}
-    if node is not None:
-        _walk(node, (), where, file, set())
-    return data, where
-
-
-def _check_nesting(root: yaml.Node, file: str) -> None:
-    """Refuse documents nested deeper than MAX_NESTING (iteratively, and visiting each node once so
-    an alias bomb costs no more than its text)."""
-    stack, seen = [(root, 1)], set()
-    while stack:
-        node, depth = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if depth > MAX_NESTING:
-            raise RecipeError(f"{file}:{node.start_mark.line + 1}: nested deeper than {MAX_NESTING} "
-                              f"levels; a recipe is a few levels of mappings")
-        if isinstance(node, yaml.MappingNode):
-            stack += [(child, depth + 1) for pair in node.value for child in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            stack += [(child, depth + 1) for child in node.value]
-
-
-def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: set[int]) -> None:
-    if id(node) in seen:  # an alias: already mapped, and walking it again could explode
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        keys: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value
-            line = key_node.start_mark.line + 1
-            if key in keys and isinstance(key_node, yaml.ScalarNode):
-                raise RecipeError(
-                    f"{file}:{line}: {dotted((*path, key))}: duplicate key (first written on line "
-                    f"{keys[key]}); keep one"
-                )
-            keys[key] = line
-            child = (*path, _scalar(key_node))
-            where[child] = (file, line)
-            _walk(value_node, child, where, file, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            where[(*path, index)] = (file, item.start_mark.line + 1)
-            _walk(item, (*path, index), where, file, seen)
-
-
-def _scalar(node: yaml.Node) -> Any:
-    if isinstance(node, yaml.ScalarNode):
-        return yaml.SafeLoader("").construct_object(node) if node.tag != "tag:yaml.org,2002:str" else node.value
-    return node.value
-
-
 # -- locating recipes ------------------------------------------------------------------------------
 def shipped_recipes() -> list[str]:
     """Names of the recipes that ship with seqzoo."""
@@ -202,7 +129,7 @@ def _load_file(path: Path, source: _Source, chain: tuple[Path, ...], file_label:
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise RecipeError(f"{file_label}:{line}: recipe is not valid UTF-8 (byte {error.start})") from None
-    data, where = _read_yaml(text, file_label)
+    data, where = read_yaml(text, file_label)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -339,7 +266,7 @@ def resolve(recipe: str | os.PathLike | dict, overrides: list[str] | None = None
 def validate(source: _Source) -> Resolved:
     registry_ = registry()
     try:
-        requirements = _requirements(source.data.get("requires") if isinstance(source.data, dict) else None)
+        requirements = parse_requires(source.data.get("requires") if isinstance(source.data, dict) else None)
     except SchemaError as error:
         raise source.error(error.path, error.message) from None
 
@@ -348,7 +275,7 @@ def validate(source: _Source) -> Resolved:
             return registry_.resolve(kind, name, path)
         except SchemaError as error:
             if requirements:  # say which distribution the recipe expected to provide it
-                hint, not_installed = _requires_hint(requirements, registry_)
+                hint, not_installed = requires_hint(requirements, registry_)
                 # A missing distribution is the cause: say it first, without a did-you-mean that
                 # points at an unrelated built-in.
                 error.message = (f"{kind} {name!r} is not available: {hint}" if not_installed
@@ -401,138 +328,5 @@ def _check_vocab(tokenizer_cls: type, data: dict) -> None:
         )
 
 
-# -- requires: the distributions a recipe expects ---------------------------------------------------
-@dataclass(frozen=True)
-class Requirement:
-    """A parsed ``requires:`` entry: ``text`` as written, the distribution ``name`` and a test for
-    whether an installed version satisfies it (``packaging`` when installed, else a small parser
-    for ``NAME``, ``NAME[extras]`` and comma-separated ``==, !=, >=, <=, >, <, ~=`` clauses)."""
-
-    text: str
-    name: str
-    satisfied_by: Any  # Callable[[str], bool]
-
-
-_REQUIREMENT = re.compile(
-    r"\s*(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*"
-    r"(?P<spec>(?:(?:===|==|!=|>=|<=|~=|>|<)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*)$"
-)
-
-
-def parse_requirement(text: str) -> Requirement:
-    """``seqzoo-acme>=1.2`` -> Requirement; ValueError for anything else."""
-    try:
-        from packaging.requirements import InvalidRequirement
-        from packaging.requirements import Requirement as Packaging
-    except ImportError:
-        return _parse_requirement_fallback(text)
-    try:
-        req = Packaging(text)
-    except InvalidRequirement as error:
-        raise ValueError(str(error).splitlines()[0]) from None
-    if req.url:
-        raise ValueError("a URL requirement cannot be checked against installed versions")
-
-    def satisfied_by(version: str) -> bool:
-        try:
-            return req.specifier.contains(version, prereleases=True)
-        except Exception:  # an installed version packaging cannot parse satisfies nothing
-            return False
-
-    return Requirement(text, req.name, satisfied_by)
-
-
-def _parse_requirement_fallback(text: str) -> Requirement:
-    match = _REQUIREMENT.fullmatch(text)
-    if match is None:
-        raise ValueError("not NAME or NAME followed by version clauses such as >=1.2")
-    clauses = [c.strip() for c in match["spec"].split(",") if c.strip()]
-    parsed = []
-    for clause in clauses:
-        op = re.match(r"===|==|!=|>=|<=|~=|>|<", clause)[0]
-        parsed.append((op, clause[len(op):].strip()))
-    return Requirement(text, match["name"], lambda version: all(_compare(version, op, v) for op, v in parsed))
-
-
-def _release(version: str) -> list[int]:
-    """``1.2.3rc1`` -> [1, 2, 3]: the release numbers (a pre-release marker ends them)."""
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        digits = re.match(r"\d+", piece)
-        if digits is None:
-            break
-        parts.append(int(digits[0]))
-        if digits[0] != piece:
-            break
-    return parts
-
-
-def _padded(parts: list[int], n: int) -> tuple[int, ...]:
-    return tuple(parts[:n]) + (0,) * max(0, n - len(parts))
-
-
-def _compare(version: str, op: str, wanted: str) -> bool:
-    """``version op wanted`` on release numbers (1.2 == 1.2.0); ``===`` compares text."""
-    if op == "===":
-        return version == wanted
-    have = _release(version)
-    if op in ("==", "!=") and wanted.endswith(".*"):
-        prefix = _release(wanted[:-2])
-        same = _padded(have, len(prefix)) == tuple(prefix)
-        return same if op == "==" else not same
-    want = _release(wanted)
-    n = max(len(have), len(want))
-    a, b = _padded(have, n), _padded(want, n)
-    if op == "~=":  # ~=1.4.2 means >=1.4.2 and ==1.4.*
-        keep = max(1, len(want) - 1)
-        return a >= b and _padded(have, keep) == tuple(want[:keep])
-    return {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
-
-
-def _requirements(value: Any) -> list[Requirement]:
-    """The recipe's ``requires:`` list, parsed; a SchemaError at the bad entry otherwise."""
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)):
-        raise SchemaError(("requires",), f"expected a list of distribution requirements such as "
-                                         f"[seqzoo-acme>=1.2], got {value!r}")
-    out = []
-    for index, text in enumerate(value):
-        if not isinstance(text, str):
-            raise SchemaError(("requires", index), f"expected a requirement string such as "
-                                                   f"'seqzoo-acme>=1.2', got {text!r}")
-        try:
-            out.append(parse_requirement(text))
-        except ValueError as error:
-            raise SchemaError(("requires", index), f"{text!r} is not a distribution requirement "
-                                                   f"({error}); write e.g. seqzoo-acme>=1.2") from None
-    return out
-
-
-def _requires_hint(requirements: list[Requirement], registry_) -> tuple[str, bool]:
-    """Why a component the recipe names may be missing, in terms of its ``requires:`` list, and
-    whether a required distribution is missing or too old (then that is the likely cause)."""
-    notes, satisfied = [], []
-    for req in requirements:
-        installed = installed_version(req.name)
-        if installed is None:
-            notes.append(f"{req.text}, which is not installed (pip install '{req.text}')")
-        elif not req.satisfied_by(installed):
-            notes.append(f"{req.text}, but {req.name} {installed} is installed (pip install -U '{req.text}')")
-        else:
-            satisfied.append((req, installed))
-    if not notes:
-        for req, installed in satisfied:
-            plugins = [p for p in registry_.plugins.values()
-                       if p.distribution and canonical_name(p.distribution) == canonical_name(req.name)]
-            if any(p.status == "disabled" for p in plugins):
-                state = "disabled by SEQZOO_DISABLE_PLUGINS"
-            elif any(p.status == "skipped" for p in plugins):
-                state = "installed but its plugin failed to load (see `seqzoo plugins`)"
-            elif plugins:
-                state = "loaded but does not provide it"
-            else:
-                state = "installed but registers no seqzoo plugin"
-            notes.append(f"{req.text}, and {req.name} {installed} is {state}")
-        return "the recipe requires " + "; and ".join(notes), False
-    return "the recipe requires " + "; and ".join(notes), True
+__all__ = ["FORMAT_VERSION", "MAX_ERRORS", "Requirement", "Resolved", "parse_requirement", "resolve", "shipped_recipes",
+           "validate"]

@@ -8,8 +8,11 @@ the families that decode it as transformers does, Phi-3); ``partial_rotary_facto
 """
 from __future__ import annotations
 
-from seqzoo.errors import CheckpointError
-from seqzoo.io.hf import first_problem, kind_of
+import math
+
+from ...errors import CheckpointError
+from .activations import kind_of
+from .checks import first_problem
 
 SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3")
 
@@ -134,3 +137,11 @@ def rope_problem(position: dict, max_seq_len: int, head_dim: int, *, scalings: t
         (kind_of(scaling) != "dynamic" or scaling["original_max_seq_len"] in (None, max_seq_len),
          "model.position.scaling.original_max_seq_len must equal max_seq_len for HF dynamic"),
     )
+
+
+def partial_factor(rotary: int, head_dim: int) -> float:
+    """The float f with int(head_dim · f) == rotary: r/h, nudged up if rounding lands just below."""
+    factor = rotary / head_dim
+    while int(head_dim * factor) < rotary:
+        factor = math.nextafter(factor, 2.0)
+    return factor
