@@ -2,12 +2,20 @@
 length rule; and the mixer's scan and decode step against each other."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import seqzoo
-from seqzoo.plugins.mixer._selective_scan import LOG_DECAY_LIMIT, chunk_length, selective_scan, selective_step
+from seqzoo.plugins.mixer._selective_scan import (
+    LOG_DECAY_LIMIT,
+    chunk_length,
+    chunked_scan,
+    selective_scan,
+    selective_step,
+)
 from seqzoo.plugins.mixer._ssd import ssd_scan, ssd_step
 
 
@@ -35,7 +43,7 @@ def test_chunked_scan_equals_the_sequential_recurrence_in_float64(scale):
     u, dt, A, B, C, h = inputs(scale)
     expected, final = sequential(u, dt, A, B, C, h)
     for chunk in (1, 8, 64):
-        y, last = selective_scan(u, dt, A, B, C, h, chunk=chunk)
+        y, last = chunked_scan(u, dt, A, B, C, h, chunk=chunk)
         assert (y - expected).abs().max() < 1e-9 * expected.abs().max()
         assert (last - final).abs().max() < 1e-9 * final.abs().max()
 
@@ -43,7 +51,7 @@ def test_chunked_scan_equals_the_sequential_recurrence_in_float64(scale):
 def test_chunked_scan_in_float32_stays_close_to_float64():
     u, dt, A, B, C, h = inputs(1.0, length=200)
     expected, _ = sequential(u, dt, A, B, C, h)
-    y, _ = selective_scan(*(t.float() for t in (u, dt, A, B, C, h)))
+    y, _ = chunked_scan(*(t.float() for t in (u, dt, A, B, C, h)))
     assert ((y.double() - expected).abs().max() / expected.abs().max()) < 1e-5
 
 
@@ -71,7 +79,7 @@ def test_float32_gradients_of_the_scan_match_the_float64_recurrence(scale):
         return [leaf.grad.double() for leaf in leaves]
 
     expected = grads(sequential, torch.float64)
-    got = grads(selective_scan, torch.float32)
+    got = grads(chunked_scan, torch.float32)
     assert chunk_length(dt, A, 64) < 64 or scale == 0.01
     for name, g, e in zip("u dt A B C h".split(), got, expected):
         assert torch.isfinite(g).all(), name
@@ -81,13 +89,13 @@ def test_float32_gradients_of_the_scan_match_the_float64_recurrence(scale):
 def test_zero_steps_leave_the_state_unchanged():
     u, dt, A, B, C, h = inputs(1.0, length=10)
     dt[:, :4] = 0  # four padded positions
-    _, after_padding = selective_scan(u[:, :4], dt[:, :4], A, B[:, :4], C[:, :4], h)
+    _, after_padding = chunked_scan(u[:, :4], dt[:, :4], A, B[:, :4], C[:, :4], h)
     assert torch.equal(after_padding, h.to(after_padding.dtype))
 
 
 def test_decode_steps_equal_the_scan():
     u, dt, A, B, C, h = inputs(1.0, length=12)
-    expected, final = selective_scan(u, dt, A, B, C, h)
+    expected, final = chunked_scan(u, dt, A, B, C, h)
     for t in range(12):
         y, h = selective_step(u[:, t], dt[:, t], A, B[:, t], C[:, t], h)
         assert torch.allclose(y, expected[:, t], atol=1e-10)
@@ -300,3 +308,85 @@ def test_segments_bound_the_memory_of_a_long_forward_without_autograd(monkeypatc
         cut = peak_memory_mb(lambda: mixer(x, context))
     # the output (1 MiB) is the only T-long tensor left; one pass holds several (B, T, E) ones
     assert cut < whole / 3, (cut, whole)
+
+
+# The fused CPU kernel (numba, the `fast` extra): equal to the float64 recurrence and to the chunked
+# path, forward and every gradient, at widths and lengths that are not multiples of its blocks.
+fused = pytest.importorskip("seqzoo.plugins.mixer._fused_scan", reason="numba is not installed")
+
+
+def leaves(tensors, dtype):
+    return [t.detach().to(dtype).requires_grad_() for t in tensors]
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 20.0])  # slow decay to steep (e^−88 and below: exp's floor)
+@pytest.mark.parametrize("length", [1, 63, 130])      # around the kernel's stretch of 64 saved states
+def test_fused_scan_and_its_gradients_equal_the_float64_recurrence(scale, length):
+    u, dt, A, B, C, h = inputs(scale, length=length)
+    u, dt, B, C = (torch.cat([t] * 7, -1) if t.shape[-1] == 6 else t for t in (u, dt, B, C))  # 42 channels
+    A, h = torch.cat([A] * 7, 0), torch.cat([h] * 7, 1)
+    g = torch.Generator().manual_seed(3)
+    weights, weights_last = (torch.randn(*shape, dtype=torch.float64, generator=g)
+                             for shape in (u.shape, h.shape))
+    expected_in, got_in = leaves((u, dt, A, B, C, h), torch.float64), leaves((u, dt, A, B, C, h), torch.float32)
+    expected, expected_last = sequential(*expected_in)
+    got, got_last = fused.selective_scan(*got_in)
+    assert got.dtype == got_last.dtype == torch.float32
+    assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    assert (got_last.double() - expected_last).abs().max() <= 1e-5 * expected_last.abs().max()
+    ((expected * weights).sum() + (expected_last * weights_last).sum()).backward()
+    ((got * weights.float()).sum() + (got_last * weights_last.float()).sum()).backward()
+    for name, e, f in zip("u dt A B C h".split(), expected_in, got_in):
+        assert torch.isfinite(f.grad).all(), name
+        assert (f.grad.double() - e.grad).abs().max() <= 1e-5 * e.grad.abs().max(), name
+
+
+def test_the_scan_takes_the_fused_kernel_on_the_cpu_and_equals_the_chunked_path(monkeypatch):
+    u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=100))
+    calls, kernel = [], fused.fused_scan
+    monkeypatch.setattr(fused, "fused_scan", lambda *a: calls.append(1) or kernel(*a))
+    y, last = selective_scan(u, dt, A, B, C, h)
+    y_chunked, last_chunked = chunked_scan(u, dt, A, B, C, h)
+    assert calls and torch.allclose(y, y_chunked, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(last, last_chunked, atol=1e-5, rtol=1e-5)
+    monkeypatch.setenv("SEQZOO_SCAN", "torch")
+    calls.clear()
+    selective_scan(u, dt, A, B, C, h)
+    assert not calls
+
+
+def test_fused_padding_leaves_the_state_exactly_as_it_was():
+    u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=10))
+    dt[:, :4] = 0
+    _, after_padding = fused.selective_scan(u[:, :4], dt[:, :4], A, B[:, :4], C[:, :4], h)
+    assert torch.equal(after_padding, h)
+
+
+def test_fused_scan_takes_bfloat16_inputs_and_computes_in_float32():
+    tensors = [t.to(torch.bfloat16) for t in inputs(1.0, length=80)]
+    expected, _ = sequential(*(t.double() for t in tensors))
+    got, last = fused.selective_scan(*tensors)
+    assert got.dtype == last.dtype == torch.float32
+    assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_fused_scan_is_a_well_formed_custom_op():
+    """torch.library's own checks: the fake (meta) kernel's shapes, the autograd registration, and
+    that torch.compile can trace it as one opaque operator."""
+    u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=70))
+    args = (u.requires_grad_(), dt, A.t().contiguous(), B, C, h.transpose(1, 2).contiguous(), fused.EVERY)
+    torch.library.opcheck(fused.fused_scan, args, test_utils=("test_schema", "test_faketensor",
+                                                              "test_autograd_registration"))
+
+
+def test_without_numba_the_scan_says_so_once_and_takes_the_chunked_path(monkeypatch, capsys):
+    import seqzoo.plugins.mixer._selective_scan as scan
+    monkeypatch.setattr(scan, "_fused", None)
+    monkeypatch.setitem(sys.modules, "seqzoo.plugins.mixer._fused_scan", None)  # its import fails
+    monkeypatch.delattr(sys.modules["seqzoo.plugins.mixer"], "_fused_scan")
+    u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=20))
+    y, _ = scan.selective_scan(u, dt, A, B, C, h)
+    scan.selective_scan(u, dt, A, B, C, h)
+    notice = capsys.readouterr().err.strip().splitlines()
+    assert len(notice) == 1 and "PyTorch path" in notice[0] and "seqzoo[fast]" in notice[0]
+    assert torch.equal(y, chunked_scan(u, dt, A, B, C, h)[0])

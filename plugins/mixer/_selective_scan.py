@@ -19,8 +19,16 @@ exp(S) would have the gradient −x / exp(S)², which overflows float32 once |S|
 gradient carries e^|S| times the upstream one, so 40 leaves ~10²¹ of float32's range for the
 values and the sum over the chunk. Chunks run in a Python loop (T / L of them, not T), each on
 (B, L, D, N) tensors small enough to stay in cache.
+
+On the CPU ``selective_scan`` runs the fused kernel of ``_fused_scan`` instead when numba is
+installed (``pip install 'seqzoo[fast]'``): the same function, 5-10× faster forward and backward.
+Without numba it says so once and runs the chunked path; ``SEQZOO_SCAN=torch`` asks for the chunked
+path on purpose. float64 (the tests' references) and CUDA tensors always take the chunked path.
 """
 from __future__ import annotations
+
+import os
+import sys
 
 import torch
 from torch import Tensor
@@ -51,9 +59,40 @@ def chunk_length(dt: Tensor, A: Tensor, longest: int) -> int:
     return 1
 
 
+_fused = None  # the fused kernel's module once imported, False when numba is missing
+
+
+def fused_kernel():
+    """``_fused_scan`` if numba imports, else None (after a one-line notice, once per process)."""
+    global _fused
+    if _fused is None:
+        try:
+            from . import _fused_scan
+            _fused = _fused_scan
+        except ImportError as error:
+            _fused = False
+            print(f"seqzoo: Mamba's selective scan runs its PyTorch path, several times slower on the CPU "
+                  f"({error.name or error}: not installed); pip install 'seqzoo[fast]' for the fused kernel",
+                  file=sys.stderr)
+    return _fused or None
+
+
 def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Tensor | None = None,
                    chunk: int = 64) -> tuple[Tensor, Tensor]:
-    """y_t = h_t C_t for the recurrence above -> (y (B, T, D), final state h_T (B, D, N)).
+    """y_t = h_t C_t for the recurrence above -> (y (B, T, D), final state h_T (B, D, N)): the fused
+    CPU kernel where it applies (see the module's notes), else ``chunked_scan``."""
+    wanted = (u.device.type == "cpu" and u.dtype != torch.float64 and u.shape[1] > 0
+              and os.environ.get("SEQZOO_SCAN", "fused") != "torch")
+    kernel = fused_kernel() if wanted else None
+    if kernel is not None:
+        return kernel.selective_scan(u, dt, A, B, C, h)
+    return chunked_scan(u, dt, A, B, C, h, chunk)
+
+
+def chunked_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Tensor | None = None,
+                 chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """y_t = h_t C_t for the recurrence above -> (y (B, T, D), final state h_T (B, D, N)), chunk by
+    chunk in PyTorch.
 
     u, dt (B, T, D); A (D, N) ≤ 0; B, C (B, T, N); h (B, D, N) the state before the first token
     (zeros if None). A token with Δ = 0 leaves the state as it was (padding). Computed in float32
