@@ -27,7 +27,7 @@ def test_forward_compiles_without_graph_breaks(scaling):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("recipe", "overrides"), [
-    ("tiny-gpt", []), ("tiny-llama", []), ("tiny-mistral", []), ("tiny-bloom", []),
+    ("tiny-gpt", []), ("tiny-llama", []), ("tiny-mistral", []), ("tiny-bloom", []), ("tiny-moe", []),
     ("tiny-gpt", ["model.position=t5"]), ("tiny-gpt", ["model.position=shaw"])])
 def test_static_decode_step_compiles_whole_and_once(recipe, overrides):
     """The static decode step: one graph (fullgraph), traced once for all later steps."""
@@ -73,6 +73,23 @@ def test_generate_compiled_equals_eager_and_reuses_the_graph():
         assert torch.equal(sampled, seqzoo.generate(model, ids, 15, temperature=0.8, top_k=20, seed=3))
     # one graph per (model structure, batch size): gpt b=3, gpt b=1, llama b=3, llama b=1
     assert counters["stats"]["unique_graphs"] == 4
+
+
+@pytest.mark.slow
+def test_compiled_moe_generate_equals_eager_with_one_graph_per_batch_size():
+    """The mixture of experts decodes through its gathered path (fixed shapes): batch 1 and batch 8
+    at top-2 each compile once, and every later step and call reuses that graph."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = seqzoo.build("tiny-moe", device="cpu").eval()
+    for batch in (1, 8):
+        prompts = torch.randint(1, 256, (batch, 6))
+        eager = seqzoo.generate(model, prompts, 16, eos_id=None)
+        for _ in range(2):
+            assert torch.equal(seqzoo.generate(model, prompts, 16, eos_id=None, compile=True), eager)
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 @pytest.mark.slow

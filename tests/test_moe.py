@@ -241,3 +241,33 @@ def test_gated_experts_are_stacked_and_other_kinds_stay_modules():
     with torch.no_grad():  # decoding sizes take the few-row products: the same numbers
         few = torch.randn(1, 3, 16)
         torch.testing.assert_close(stacked(few), per_token(stacked, few), atol=1e-6, rtol=1e-5)
+
+
+# -- the decoding path: the chosen experts' weights gathered, fixed shapes ---------------------------
+@pytest.mark.parametrize("router_spec", ["softmax_topk", "topk_softmax", {"kind": "sigmoid_grouped", "groups": 1}])
+@pytest.mark.parametrize("bias", [False, True])
+def test_decoding_gathers_the_chosen_weights_and_equals_the_grouped_dispatch(router_spec, bias):
+    layer = moe(router=router_spec, expert={"kind": "swiglu", "hidden": 12, "bias": bias},
+                shared={"kind": "swiglu", "hidden": 8}, routed_scale=1.5)
+    with torch.no_grad():
+        for rows in (1, 3, 8):  # 2, 6 and 16 (token, slot) pairs
+            tokens = torch.randn(rows, 16)
+            routing = layer.router(tokens)
+            assert layer.decoding(tokens)
+            torch.testing.assert_close(layer.gathered(tokens, routing), layer.dispatch(tokens, routing),
+                                       atol=1e-6, rtol=1e-5)
+        if not bias:
+            few = torch.randn(2, 2, 16)
+            expected = 1.5 * per_token(layer, few) + layer.shared(few)
+            torch.testing.assert_close(layer(few), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_training_prefill_capacity_and_unstacked_experts_keep_the_grouped_dispatch():
+    layer = moe()
+    few = torch.randn(3, 16)
+    assert not layer.decoding(few)                       # autograd records: the grouped backward
+    with torch.no_grad():
+        assert layer.decoding(few)
+        assert not layer.decoding(torch.randn(9, 16))    # 18 pairs > max(5 experts, 16)
+        assert not moe(capacity_factor=1.0).decoding(few)
+        assert not moe(expert={"kind": "mlp", "hidden": 12}).decoding(few)

@@ -10,6 +10,9 @@ expert every token goes through (DeepSeek, Qwen2-MoE), gated by a sigmoid in Qwe
 Tokens are grouped by expert, not looped over: the N·k (token, slot) pairs are sorted by expert,
 the tokens gathered once, each expert run on its contiguous slice (one Python iteration per
 expert that received tokens), and the weighted outputs scattered back with one ``index_add``.
+Decoding (no autograd, at most ``max(E, GATHER_PAIRS)`` pairs, stacked experts, no capacity)
+gathers the chosen experts' weights by index instead and runs one batched product: the same
+weights read, but shapes fixed by N and k, so a compiled decode step is one graph.
 Gated experts (glu, swiglu, geglu) are stored stacked (``_experts``: ``experts.gate_up`` (E, 2F,
 C), ``experts.down`` (E, C, F)); any other ffn kind is a list of modules (``experts.e.*``).
 An expert that receives no token is skipped (no empty matmul, nothing NaN), and none is dropped
@@ -38,6 +41,11 @@ from seqzoo.schema import NonNegativeFloat, PositiveFloat, PositiveInt, Spec
 
 from ._experts import StackedExperts
 from ._glu import GLU
+
+#: The most (token, slot) pairs the gathered path takes when there are fewer experts: a gathered
+#: weight is read once per pair, so past E pairs it reads some expert twice, which the grouped
+#: path never does; 16 covers batch 8 at top-2 (measured in docs/performance.md).
+GATHER_PAIRS = 16
 
 
 @builtin("mixture of experts: a router, k of E dense experts, optional shared expert")
@@ -95,7 +103,7 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
         """x (B, T, C) -> (B, T, C); while training, also the layer's auxiliary losses."""
         tokens = x.reshape(-1, x.shape[-1])  # (N, C)
         routing = self.router(tokens)
-        y = self.dispatch(tokens, routing)
+        y = self.gathered(tokens, routing) if self.decoding(tokens) else self.dispatch(tokens, routing)
         if self.routed_scale != 1.0:
             y = y * self.routed_scale
         if self.shared is not None:
@@ -105,6 +113,17 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
             y = y + shared
         self.auxiliary, self.statistics = self.signals(routing) if self.training else ({}, {})
         return y.reshape(x.shape)
+
+    def decoding(self, tokens: Tensor) -> bool:
+        """Whether this call takes the gathered path: a few tokens (decoding) and nothing that
+        needs the grouped one (a gradient, a capacity, unstacked experts)."""
+        return (isinstance(self.experts, StackedExperts) and self.capacity_factor is None
+                and tokens.shape[0] * self.top_k <= max(self.count, GATHER_PAIRS)
+                and not (torch.is_grad_enabled() and (tokens.requires_grad or self.experts.gate_up.requires_grad)))
+
+    def gathered(self, tokens: Tensor, routing: Routing) -> Tensor:
+        """Σ_j w_j · E_{e_j}(x) (N, C) from each token's gathered expert weights: fixed shapes."""
+        return self.experts.gathered(tokens, routing.experts, routing.weights)
 
     def dispatch(self, tokens: Tensor, routing: Routing) -> Tensor:
         """Σ_j w_j · E_{e_j}(x) for each of the N tokens (N, C): sorted by expert, one gather, one
