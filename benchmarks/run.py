@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -67,6 +69,17 @@ class Table:
             goal = f" (target >= {cell['target']:.2f}x)" if cell["target"] else ""
             cells.append(f"{name} {cell['value']:.2f} {unit} = {cell['ratio']:.2f}x{goal}{mark}")
         print(f"{what:<42} seqzoo {ours:.2f} {unit} | " + " | ".join(cells), flush=True)
+
+
+def cpu_model() -> str:
+    """The CPU as it names itself (/proc/cpuinfo's model name), and its core count: ratios are
+    recorded with the machine they were measured on."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
 def interleaved(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
@@ -346,6 +359,8 @@ class MambaShapes:
     prefill: int = 8192
 
 
+#: The recall experiment's model (``seqzoo experiment recall``): C 64, 4 layers, 128 tokens, batch 64.
+RECALL_SHAPE = MambaShapes(vocab=192, dim=64, layers=4, seq=128, batch=64)
 MAMBA_QUICK = MambaShapes(vocab=320, dim=32, layers=2, seq=64, batch=2, state=4, repeats=2,
                           contexts=(16, 64), prefill=256)
 
@@ -367,11 +382,10 @@ def attention_twin(m: MambaShapes, params: int) -> torch.nn.Module:
     return seqzoo.build("tiny-llama", [*overrides, *match_parameters("tiny-llama", overrides, params)])
 
 
-def bench_mamba(table: Table, quick: bool) -> None:
-    """Mamba's training step against transformers' own paths on the same weights (its sequential
-    loop, and mambapy's parallel scan), against a LLaMA-shaped attention model of the same size;
-    decode time per token at two contexts; prefill peak memory against attention."""
-    m = MAMBA_QUICK if quick else MambaShapes()
+def mamba_steps(table: Table, m: MambaShapes, label: str, sequential_too: bool) -> tuple:
+    """The training-step rows of one shape: seqzoo's Mamba against mambapy's scan on the same
+    weights (and transformers' sequential loop, once: it is slow) and against the LLaMA-shaped
+    attention model of the same size -> (seqzoo's Mamba, that attention model)."""
     torch.manual_seed(0)
     slow, fast = hf_mamba(m, use_mambapy=False), hf_mamba(m, use_mambapy=True)
     fast.load_state_dict(slow.state_dict())
@@ -385,16 +399,30 @@ def bench_mamba(table: Table, quick: bool) -> None:
     steps = {name: train_step(model) for name, model in
              (("seqzoo", ours), ("mambapy", fast), ("attention", attention))}
     times = interleaved({name: (lambda step=step: step(ids)) for name, step in steps.items()}, m.repeats)
-    sequential = train_step(slow)
-    start = time.perf_counter()
-    sequential(ids)  # one step: transformers' default CPU path loops over the T time steps
-    times["transformers"] = (time.perf_counter() - start) * 1000
-    table.add(f"Mamba train step T={m.seq} B={m.batch} C={m.dim} L={m.layers}", times["seqzoo"],
-              {"transformers (sequential)": times["transformers"], "mambapy scan": times["mambapy"]},
-              targets={"transformers (sequential)": 10.0, "mambapy scan": 1.5})
-    # "no more than 1.5x its step time": attention / Mamba >= 1 / 1.5
+    theirs, targets = {"mambapy scan": times["mambapy"]}, {"mambapy scan": 1.5}
+    if sequential_too:
+        sequential = train_step(slow)
+        start = time.perf_counter()
+        sequential(ids)  # one step: transformers' default CPU path loops over the T time steps
+        theirs["transformers (sequential)"] = (time.perf_counter() - start) * 1000
+        targets["transformers (sequential)"] = 10.0
+    table.add(f"Mamba train step T={m.seq} B={m.batch} C={m.dim} L={m.layers}{label}", times["seqzoo"],
+              theirs, targets=targets)
+    # "no more than X times its step time": attention / Mamba >= 1 / X (1.5 here, 2 at the recall shape)
+    bound = 2.0 if label else 1.5
     table.add(f"  vs attention, {counts['attention']:,} vs {counts['mamba']:,} params", times["seqzoo"],
-              {"LLaMA-shaped attention": times["attention"]}, targets={"LLaMA-shaped attention": 1 / 1.5})
+              {"LLaMA-shaped attention": times["attention"]}, targets={"LLaMA-shaped attention": 1 / bound})
+    return ours, attention
+
+
+def bench_mamba(table: Table, quick: bool) -> None:
+    """Mamba's training step against transformers' own paths on the same weights (its sequential
+    loop, and mambapy's parallel scan), against a LLaMA-shaped attention model of the same size, at
+    the benchmark's shape and the recall experiment's; decode time per token at two contexts;
+    prefill peak memory against attention."""
+    m = MAMBA_QUICK if quick else MambaShapes()
+    ours, attention = mamba_steps(table, m, "", sequential_too=True)
+    mamba_steps(table, MAMBA_QUICK if quick else RECALL_SHAPE, " (recall shape)", sequential_too=False)
     short, long = m.contexts
     for name, model in (("Mamba", ours.eval()), ("attention", attention.eval())):
         per_token = {c: statistics.median(decode_ms_per_token(model, c, m.vocab) for _ in range(3))
@@ -453,6 +481,118 @@ def bench_moe(table: Table, s: Shapes, quick: bool) -> None:
                   {"transformers Mixtral": gen["transformers"]}, targets={"transformers Mixtral": 2.0})
 
 
+# -- compiled decoding of the new mixers (issue #24) -------------------------------------------------
+def hf_decoders(s: Shapes) -> dict[str, Callable[[], torch.nn.Module]]:
+    """transformers' counterparts of the zoo's newer families at the benchmark's width and depth."""
+    import transformers as tf
+
+    ids = dict(vocab_size=s.vocab, bos_token_id=0, eos_token_id=0, pad_token_id=0, num_hidden_layers=s.layers)
+    attention = dict(num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, max_position_embeddings=256)
+    ssm = dict(hidden_size=s.dim, expand=2)
+    return {
+        "Mixtral MoE": lambda: hf_mixtral(s),
+        "Mamba": lambda: tf.MambaForCausalLM(tf.MambaConfig(**ids, **ssm, state_size=16, conv_kernel=4)),
+        "Mamba-2": lambda: tf.Mamba2ForCausalLM(tf.Mamba2Config(
+            **ids, **ssm, num_heads=2 * s.dim // 64, head_dim=64, state_size=64, n_groups=1, chunk_size=64)),
+        "hybrid (Bamba)": lambda: tf.BambaForCausalLM(tf.BambaConfig(
+            **ids, **attention, hidden_size=s.dim, intermediate_size=2 * s.dim, attn_layer_indices=[s.layers // 2],
+            mamba_n_heads=2 * s.dim // 64, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=64,
+            mamba_chunk_size=64)),
+        "MLA (DeepSeek-V3)": lambda: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+            **ids, hidden_size=s.dim, num_attention_heads=s.heads, num_key_value_heads=s.heads,
+            max_position_embeddings=256, q_lora_rank=s.dim // 2, kv_lora_rank=s.dim // 4,
+            qk_nope_head_dim=s.dim // s.heads * 3 // 4, qk_rope_head_dim=s.dim // s.heads // 4,
+            v_head_dim=s.dim // s.heads,
+            intermediate_size=2 * s.dim, first_k_dense_replace=s.layers, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=s.dim)),
+    }
+
+
+def bench_decoding(table: Table, s: Shapes, quick: bool) -> None:
+    """Greedy generate with seqzoo's compiled static-cache step (eager under --quick) against
+    transformers' generate on the same weights: its default cache, and for the MoE also
+    ``cache_implementation="static"``. The MoE at batch 1 and 8, the others at batch 1."""
+    torch.manual_seed(0)
+    for name, make in hf_decoders(s).items():
+        hf_model = make().eval()
+        ours = imported(hf_model)
+        hf_model.generation_config.eos_token_id = None
+        moe = name.startswith("Mixtral")
+        for batch in (1, 8) if moe else (1,):
+            prompt = torch.randint(1, s.vocab, (batch, s.prompt), generator=torch.Generator().manual_seed(batch))
+
+            def hf_run(static: bool = False, prompt=prompt, hf_model=hf_model) -> Tensor:
+                extra = {"cache_implementation": "static"} if static else {}
+                with torch.inference_mode():
+                    return hf_model.generate(prompt, max_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0,
+                                             attention_mask=torch.ones_like(prompt), **extra)
+
+            def our_run(compile: bool = not quick, prompt=prompt, ours=ours) -> Tensor:
+                return seqzoo.generate(ours, prompt, s.new_tokens, eos_id=None, compile=compile)
+
+            start = time.perf_counter()
+            first = our_run()
+            compile_s = time.perf_counter() - start
+            assert torch.equal(first, our_run(False)), f"{name}: compiled and eager outputs differ"
+            runs = {"seqzoo": our_run, "transformers": hf_run}
+            if moe:
+                runs["transformers static"] = lambda: hf_run(True)
+            times = interleaved(runs, s.repeats)
+            how = "eager: --quick" if quick else f"compiled, {compile_s:.0f} s first call"
+            theirs = {key: value for key, value in times.items() if key != "seqzoo"}
+            targets = {"transformers": 2.0 if batch == 1 else 1.5} if moe else None
+            table.add(f"{name} greedy generate, batch {batch} ({how})", times["seqzoo"], theirs, targets=targets)
+
+
+# -- FlexAttention for biased and masked scores (issue #24) -----------------------------------------
+def one_layer(s: Shapes, length: int, *overrides: str) -> torch.nn.Module:
+    """One attention layer of 4 heads of 64 (C 256) in a 1-layer LM, with ``overrides``."""
+    return seqzoo.build("tiny-llama", [f"model.vocab_size={s.vocab}", "model.dim=256", "model.layers=1",
+                                       "model.attention.heads=4", "model.attention.kv_heads=4",
+                                       f"model.max_seq_len={length}", "model.position.scaling=null", *overrides],
+                        device="cpu").eval()
+
+
+def bench_flex(table: Table, s: Shapes, quick: bool) -> None:
+    """A Gemma-2-style layer (softcap 50 + window 1024) and an ALiBi layer at T = 8192, batch 1,
+    through FlexAttention against the materialised path and against a plain causal SDPA layer:
+    forward peak memory and time (no gradient: torch compiles flex on the CPU for inference
+    only; on CUDA ``benchmarks/gpu.py`` times forward + backward)."""
+    length = 512 if quick else 8192
+    window = 64 if quick else 1024
+    models = {"Gemma-2-style (softcap + window)": one_layer(s, length, "model.attention.softcap=50.0",
+                                                           f"model.attention.window={window}"),
+              "ALiBi": one_layer(s, length, "model.position=alibi")}
+    plain = one_layer(s, length)
+    ids = torch.randint(0, s.vocab, (1, length), generator=torch.Generator().manual_seed(0))
+
+    def forward(model, flex_on: bool):
+        def run() -> None:
+            os.environ["SEQZOO_FLEX"] = "1" if flex_on else "0"
+            with torch.no_grad():
+                model(ids, logits_to_keep=1)
+        return run
+
+    baseline = peak_memory_mb(forward(plain, False))
+    for name, model in models.items():
+        forward(model, True)()  # compiles the kernel for this layer
+        with torch.no_grad():
+            os.environ["SEQZOO_FLEX"] = "1"
+            got = model(ids, logits_to_keep=8)
+            os.environ["SEQZOO_FLEX"] = "0"
+            assert (got - model(ids, logits_to_keep=8)).abs().max() < 1e-3, f"{name}: flex and materialised differ"
+        memory = {flex_on: peak_memory_mb(forward(model, flex_on)) for flex_on in (True, False)}
+        table.add(f"{name} layer T={length} forward peak memory, flex", memory[True],
+                  {"materialised": memory[False], "causal SDPA layer": baseline}, unit="MiB",
+                  targets={"causal SDPA layer": 1 / 1.5})
+        times = interleaved({"flex": forward(model, True), "materialised": forward(model, False),
+                             "sdpa": forward(plain, False)}, max(2, s.repeats // 2))
+        table.add(f"{name} layer T={length} forward, flex", times["flex"],
+                  {"materialised": times["materialised"], "causal SDPA layer": times["sdpa"]},
+                  targets={"materialised": 1.5})
+    os.environ.pop("SEQZOO_FLEX", None)
+
+
 def bench_mla(table: Table, s: Shapes, quick: bool) -> None:
     """Latent attention's cache per token against MHA and GQA of the same width, and its decode
     step with the absorbed path against without (the same weights)."""
@@ -489,7 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a smoke test")
     parser.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     parser.add_argument("--only", nargs="*",
-                        choices=["training", "generation", "additive", "import", "compile", "mamba", "moe", "mla"])
+                        choices=["training", "generation", "additive", "import", "compile", "mamba", "moe", "mla",
+                                 "decoding", "flex"])
     parser.add_argument("--worker", choices=TRAINEES, help=argparse.SUPPRESS)  # one isolated training run
     parser.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -497,9 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(train_worker(args.worker, shapes, args.steps)))
         return 0
-    wanted = set(args.only or ["training", "generation", "additive", "import", "mamba", "moe", "mla"]
-                 + ([] if args.quick else ["compile"]))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, shapes {shapes}")
+    everything = ["training", "generation", "additive", "import", "mamba", "moe", "mla", "decoding", "flex"]
+    wanted = set(args.only or everything + ([] if args.quick else ["compile"]))
+    print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads, shapes {shapes}")
     table = Table()
     if "training" in wanted:
         bench_training(table, shapes, args.quick)
@@ -517,10 +658,15 @@ def main(argv: list[str] | None = None) -> int:
         bench_moe(table, shapes, args.quick)
     if "mla" in wanted:
         bench_mla(table, shapes, args.quick)
+    if "decoding" in wanted:
+        bench_decoding(table, shapes, args.quick)
+    if "flex" in wanted:
+        bench_flex(table, shapes, args.quick)
     missed = [r["what"] for r in table.rows for c in r["vs"].values() if c["met"] is False]
     print("all targets met" if not missed else f"missed: {'; '.join(missed)}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"shapes": vars(shapes), "rows": table.rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"cpu": cpu_model(), "shapes": vars(shapes), "rows": table.rows},
+                                              indent=1))
     return 0
 
 

@@ -23,11 +23,18 @@ def test_run_quick_prints_every_comparison(tmp_path):
     assert any(n == "import time" for n in names)
     mamba = next(row for row in rows if row["what"].startswith("Mamba train step"))
     assert set(mamba["vs"]) == {"transformers (sequential)", "mambapy scan"}
+    assert sum(n.startswith("Mamba train step") and n.endswith("(recall shape)") for n in names) == 1
     assert sum(n.startswith(("Mamba decode", "attention decode")) for n in names) == 2
     assert any("prefill peak memory" in n for n in names)
     moe = next(row for row in rows if row["what"].startswith("MoE train step"))
     assert set(moe["vs"]) == {"transformers Mixtral"}
     assert sum(n.startswith("MoE greedy generate") for n in names) == 2
+    decoding = [row for row in rows if " greedy generate, batch " in row["what"] and not row["what"].startswith("MoE")]
+    assert [row["what"].split(" greedy")[0] for row in decoding] == [
+        "Mixtral MoE", "Mixtral MoE", "Mamba", "Mamba-2", "hybrid (Bamba)", "MLA (DeepSeek-V3)"]
+    assert set(decoding[0]["vs"]) == {"transformers", "transformers static"}
+    flex_rows = [row for row in rows if row["what"].endswith(", flex")]
+    assert len(flex_rows) == 4 and all({"materialised", "causal SDPA layer"} == set(r["vs"]) for r in flex_rows)
     mla = next(row for row in rows if row["what"].startswith("MLA KV cache bytes"))
     assert set(mla["vs"]) == {"MHA", "GQA"} and mla["vs"]["MHA"]["ratio"] > mla["vs"]["GQA"]["ratio"] > 1
     gpt2 = next(row for row in rows if row["what"] == "train step, GPT-2 shape")

@@ -19,7 +19,7 @@ from ..functional import (  # noqa: F401  (the kernels' first home: still import
     step_through,
     upcast,
 )
-from .attention import PositionBias, PositionScheme, RopeScaling, Rotary, ScoreFunction
+from .attention import DeferredTable, FlexScore, PositionBias, PositionScheme, RopeScaling, Rotary, ScoreFunction
 from .data import IGNORE, Task, Tokenizer, TokenTask
 from .feedforward import (
     Activation,
@@ -67,9 +67,9 @@ BASES: dict[str, type] = {
 }
 
 __all__ = [
-    "BASES", "CORE_ARGS", "IGNORE", "Activation", "AuxiliaryLosses", "DecodeSession", "FeedForward", "LanguageModel",
-    "MaskedLanguageModel", "Mixer", "MixerContext", "MixerState", "Model", "Norm", "Part", "PositionBias",
-    "PositionScheme", "RecurrentCell", "RopeScaling", "Rotary", "Router", "Routing", "ScoreFunction", "Task",
-    "TokenTask", "Tokenizer", "TransferRule", "auxiliary_losses", "auxiliary_statistics", "causal_mask",
+    "BASES", "CORE_ARGS", "IGNORE", "Activation", "AuxiliaryLosses", "DecodeSession", "DeferredTable", "FeedForward",
+    "FlexScore", "LanguageModel", "MaskedLanguageModel", "Mixer", "MixerContext", "MixerState", "Model", "Norm", "Part",
+    "PositionBias", "PositionScheme", "RecurrentCell", "RopeScaling", "Rotary", "Router", "Routing", "ScoreFunction",
+    "Task", "TokenTask", "Tokenizer", "TransferRule", "auxiliary_losses", "auxiliary_statistics", "causal_mask",
     "default_scale", "expand_kv", "masked_softmax_attend", "softcap", "step_through", "upcast",
 ]

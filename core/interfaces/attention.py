@@ -4,6 +4,7 @@ Shape legend: B batch, T query length, S key length, H heads, K kv heads, D head
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -29,6 +30,13 @@ class ScoreFunction(Part):
         self.query_dim = query_dim
         self.key_dim = key_dim
         self.heads = heads
+
+    def flex(self) -> FlexScore | None:
+        """Optional: this score as FlexAttention computes it, q·k·scale then ``modify``, so long,
+        masked or biased attention runs blockwise instead of materialising (B, H, T, S) logits
+        (``seqzoo.nn.flex``). None (the default): the score is not a scaled dot product, and its
+        own ``attend`` always runs."""
+        return None
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """Logits for every query–key pair: q (B, H, T, D), k (B, H, S, D) -> (B, H, T, S)."""
@@ -56,6 +64,15 @@ class ScoreFunction(Part):
             self.scores(q, expand_kv(k, q.shape[1])), expand_kv(v, q.shape[1]),
             mask=mask, bias=bias, causal=causal, dropout=dropout, training=self.training,
         )
+
+
+@dataclass(frozen=True)
+class FlexScore:
+    """A score in FlexAttention's terms: logits q·k·``scale``, then ``modify(score, b, h, q_idx,
+    kv_idx) -> score`` on each one (None: nothing more)."""
+
+    scale: float
+    modify: Callable | None = None
 
 
 class PositionScheme(Part):
@@ -102,6 +119,13 @@ class PositionScheme(Part):
         k_pos (B|1, S), or None."""
         return None
 
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, prepared: object = None) -> Callable | None:
+        """Optional, for a scheme with a ``bias``: the same bias as FlexAttention's score
+        modification, ``mod(score, b, h, q_idx, kv_idx) -> score + bias[b, h, q_idx, kv_idx]`` for
+        queries at q_pos (B|1, T) and keys at k_pos (B|1, S), computed per element, never as a
+        table. None (the default): a biased scheme then keeps the materialised path."""
+        return None
+
     def rotary(self) -> Rotary | None:
         """For a scheme that rotates pairs of dims by angles p·ω_k: what ``seqzoo positions`` draws
         it from (its ``angles`` and its unscaled base); None for every other scheme."""
@@ -123,16 +147,34 @@ class Rotary:
 
 class PositionBias(PositionScheme):
     """A scheme whose logit bias depends on positions only (ALiBi, T5 buckets): it writes
-    ``prepare(q_pos, k_pos) -> (B|1, H, T, S)``, built once per forward and shared by every layer;
-    ``bias`` hands that table back in the query's dtype."""
+    ``prepare(q_pos, k_pos) -> (B|1, H, T, S)``, built at most once per forward and shared by every
+    layer; ``bias`` hands that table back in the query's dtype. The stack defers the table
+    (``DeferredTable``): a forward whose attention runs through FlexAttention's ``score_mod``
+    never builds it."""
 
     def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement prepare(q_pos, k_pos)")
 
-    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: Tensor | None = None) -> Tensor:
-        """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table)."""
+    def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: object = None) -> Tensor:
+        """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table, or
+        the ``DeferredTable`` that builds it once)."""
+        if isinstance(prepared, DeferredTable):
+            prepared = prepared.table()
         table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
         return table.to(q.dtype)
+
+
+class DeferredTable:
+    """``prepare(q_pos, k_pos)`` built at the first ``table()`` and kept: the layers of one forward
+    share it, and a forward that never asks never pays its (B|1, H, T, S) memory."""
+
+    def __init__(self, prepare: Callable[[Tensor, Tensor], Tensor], q_pos: Tensor, k_pos: Tensor) -> None:
+        self._prepare, self._positions, self._table = prepare, (q_pos, k_pos), None
+
+    def table(self) -> Tensor:
+        if self._table is None:
+            self._table = self._prepare(*self._positions)
+        return self._table
 
 
 class RopeScaling(Part):

@@ -5,14 +5,14 @@ Shape legend: B batch, T query length, S key length, C model dim.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError
 from ..functional import step_through
-from .attention import PositionScheme
+from .attention import DeferredTable, PositionBias, PositionScheme
 from .part import Part
 
 
@@ -37,7 +37,9 @@ class MixerContext:
     ``cache`` the model-level decode cache (``seqzoo.nn.cache.KVCache``) whose ``states[layer]`` the
     block hands each mixer, or None; ``static``: one token per row at the cache's static slot
     (``generate(compile=True)``). ``prepared`` is ``position.prepare(q_pos, k_pos)`` as keyword
-    arguments for the position hooks ({} when the scheme prepares nothing).
+    arguments for the position hooks ({} when the scheme prepares nothing; a ``PositionBias``'s
+    table is deferred until a layer asks for it). ``shared``: other work the layers of this
+    context compute once and reuse (the FlexAttention block mask).
     """
 
     position: PositionScheme
@@ -49,12 +51,15 @@ class MixerContext:
     padding: Tensor | None = None
     static: bool = False
     prepared: dict | None = None
+    shared: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prepared is not None:  # shared with another context of the same scheme
             return
         self.prepared = {}
-        if type(self.position).prepare is not PositionScheme.prepare:
+        if isinstance(self.position, PositionBias):
+            self.prepared = {"prepared": DeferredTable(self.position.prepare, self.q_pos, self.k_pos)}
+        elif type(self.position).prepare is not PositionScheme.prepare:
             self.prepared = {"prepared": self.position.prepare(self.q_pos, self.k_pos)}
 
 

@@ -19,6 +19,7 @@ from ..errors import InputError
 from ..functional import expand_kv, masked_softmax_attend, softcap
 from ..interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction
 from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
+from . import flex
 from .cache import KVCache, KVSlice
 from .linear import Linear
 
@@ -144,7 +145,8 @@ class MultiHeadAttention(Mixer):
     over the whole projection (over H·D and K·D). ``window``: the sliding window the owning stack
     masks with. ``softcap``: c·tanh(z/c) on the logits (then the explicit softmax path runs, as
     fused kernels have no softcap); ``sinks``: a learned per-head logit in every softmax
-    denominator (gpt-oss).
+    denominator (gpt-oss). Long self-attention that would materialise its logits (a softcap, sinks,
+    a position bias or a mask) runs through FlexAttention where it can (``seqzoo.nn.flex``).
     """
 
     reads_mask = True
@@ -209,8 +211,31 @@ class MultiHeadAttention(Mixer):
         q, key = position.rotate(q, key, context.q_pos, context.q_pos, **context.prepared)
         if state is not None:
             key, value = state.write(context.cache, key, value)  # (B, K, S, D)
-        bias = position.bias(q, context.q_pos, context.k_pos, **context.prepared)
-        return self._merge(self._attend(q, key, value, context.mask, bias, context.causal))
+        out = self._flex(q, key, value, context)
+        if out is None:
+            bias = position.bias(q, context.q_pos, context.k_pos, **context.prepared)
+            out = self._attend(q, key, value, context.mask, bias, context.causal)
+        return self._merge(out)
+
+    def _flex(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor | None:
+        """Self-attention through FlexAttention, or None where it does not apply: nothing would be
+        materialised (plain causal attention is SDPA's), dropout, short sequences, autograd on the
+        CPU, a score or a position bias with no flex form."""
+        position = context.position
+        biased = type(position).bias is not PositionScheme.bias
+        if not (self.softcap is not None or self.sinks is not None or biased or context.mask is not None):
+            return None
+        if (self.dropout and self.training) or not flex.usable(q, key.shape[-2], grad=q.requires_grad,
+                                                                    sinks=self.sinks is not None):
+            return None
+        score = self.score.flex()
+        position_mod = position.score_mod(context.q_pos, context.k_pos, **context.prepared) if biased else None
+        if score is None or (biased and position_mod is None):
+            return None
+        blocks = flex.block_mask(context.mask, context.causal, q.shape[-2], key.shape[-2], q.device, context.shared)
+        modify = flex.compose(score.modify, None if self.softcap is None else flex.softcap_mod(self.softcap),
+                              position_mod)
+        return flex.attend(q, key, value, scale=score.scale, score_mod=modify, blocks=blocks, sink=self.sinks)
 
     def attend_memory(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None,
                       cache: KVCache | None = None, layer: int = 0) -> Tensor:

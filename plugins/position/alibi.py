@@ -52,3 +52,15 @@ class Alibi(PositionBias):
         slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_pos.device)  # (H,)
         distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
         return -slopes[:, None, None] * distance[:, None]
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, prepared: object = None):
+        """The same bias for FlexAttention, one logit at a time: score − m_h·|q_pos_i − k_pos_j|."""
+        slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_pos.device)  # (H,)
+        q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
+        q_rows, k_rows = q_pos.shape[0] > 1, k_pos.shape[0] > 1
+
+        def alibi(score, b, h, q, kv):
+            distance = (q_pos[b if q_rows else 0, q] - k_pos[b if k_rows else 0, kv]).abs()
+            return score - slopes[h] * distance.to(torch.float32)
+
+        return alibi

@@ -77,3 +77,17 @@ class T5RelativeBias(PositionBias):
         buckets = relative_bucket(relative, bidirectional=not self.causal,
                                   num_buckets=self.num_buckets, max_distance=self.max_distance)
         return self.table(buckets).permute(0, 3, 1, 2)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, prepared: object = None):
+        """The same bias for FlexAttention, one logit at a time: score + E[bucket(k_pos_j − q_pos_i), h]."""
+        q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
+        q_rows, k_rows = q_pos.shape[0] > 1, k_pos.shape[0] > 1
+        table, bidirectional = self.table.weight, not self.causal  # (N, H)
+
+        def t5(score, b, h, q, kv):
+            relative = k_pos[b if k_rows else 0, kv] - q_pos[b if q_rows else 0, q]
+            bucket = relative_bucket(relative, bidirectional=bidirectional, num_buckets=self.num_buckets,
+                                     max_distance=self.max_distance)
+            return score + table[bucket, h]
+
+        return t5

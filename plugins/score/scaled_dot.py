@@ -12,7 +12,7 @@ from torch import Tensor
 
 from seqzoo.errors import ConfigError
 from seqzoo.functional import causal_mask, default_scale, masked_softmax_attend
-from seqzoo.interfaces import ScoreFunction
+from seqzoo.interfaces import FlexScore, ScoreFunction
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat
 
@@ -34,6 +34,10 @@ class ScaledDot(ScoreFunction):
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """q (B, H, T, D), k (B, H, S, D) -> (B, H, T, S)."""
         return (q @ k.transpose(-2, -1)) * self.scale
+
+    def flex(self) -> FlexScore:
+        """q·k·scale, nothing more: FlexAttention's own product."""
+        return FlexScore(self.scale)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
                bias: Tensor | None = None, causal: bool = False, dropout: float = 0.0) -> Tensor:

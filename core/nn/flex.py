@@ -1,0 +1,141 @@
+"""FlexAttention behind the score interface: softcaps, position biases, windows, document and
+padding masks and sinks without a (T × S) table.
+
+The materialised path builds the logits, the bias and the mask as (B, H, T, S) tensors: quadratic
+memory, and at T = 8192 most of a forward's time. ``torch.nn.attention.flex_attention`` takes them
+as functions of (batch, head, query, key) instead — a ``score_mod`` that edits one logit and a
+``mask_mod`` that says whether a key is visible — and compiles them into one blockwise kernel that
+skips every block its mask hides (a window of 1024 at T = 8192 reads 1/8 of the keys).
+
+What becomes a modification:
+- the score's own scale and, for a third-party score, its ``ScoreFunction.flex`` hook;
+- the softcap c·tanh(z/c), after the scale and before the bias, as the materialised path does;
+- a position scheme's bias through its ``PositionScheme.score_mod`` hook (ALiBi, T5 buckets);
+- the mask: the context's boolean mask, read one element at a time (causal slots, windows, key
+  padding, packed documents, a prefix-LM's visible prefix: whatever built it), or causality alone;
+- sinks: flex returns each row's log-sum-exp L, and a sink logit s in the denominator scales the
+  row's output by e^L / (e^L + e^s) = σ(L − s), with no extra column.
+
+When it runs (``MultiHeadAttention`` asks ``usable``): the layer would otherwise materialise
+(softcap, sinks, a bias or a mask), no dropout, at least ``MIN_KEYS`` keys and ``MIN_QUERIES``
+queries (measured in docs/performance.md: below that the compiled kernel's fixed cost wins), on
+CUDA, or on the CPU without autograd and without sinks (torch compiles flex on the CPU for
+inference only, and without the log-sum-exp the sinks need: training on the CPU keeps the
+materialised path). ``SEQZOO_FLEX=0`` turns it off. The kernel is compiled once per process
+and shape; if compiling fails (no C++ compiler for inductor on the CPU) it says so once and the
+materialised path runs from then on.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+#: The fewest keys and queries for which flex replaces the materialised path.
+MIN_KEYS = 1024
+MIN_QUERIES = 256
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+#: Compile the kernel (False runs flex_attention eagerly: the same modifications, materialised by
+#: torch's reference implementation — for checking them quickly, never for speed).
+COMPILE = True
+_kernel = None          # torch.compile(flex_attention), made at the first use
+_failed: str | None = None  # why flex cannot run in this process, once it failed
+
+
+def usable(q: Tensor, keys: int, *, grad: bool, sinks: bool = False) -> bool:
+    """Whether flex can and should take this call: q (B, H, T, D) against ``keys`` keys, with
+    autograd recording (``grad``) and attention sinks (``sinks``, which need the log-sum-exp)."""
+    if _failed is not None or os.environ.get("SEQZOO_FLEX", "1") == "0":
+        return False
+    if q.shape[-2] < MIN_QUERIES or keys < MIN_KEYS:
+        return False
+    if q.device.type == "cuda":
+        return True
+    # torch compiles flex on the CPU for inference only, and without the log-sum-exp
+    return q.device.type == "cpu" and not grad and (not sinks or not COMPILE)
+
+
+def compose(*mods: ScoreMod | None) -> ScoreMod | None:
+    """One score_mod applying ``mods`` in order (None entries skipped), or None if all are None."""
+    mods = tuple(m for m in mods if m is not None)
+    if not mods:
+        return None
+
+    def modified(score: Tensor, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        for mod in mods:
+            score = mod(score, b, h, q, kv)
+        return score
+
+    return modified
+
+
+def softcap_mod(cap: float) -> ScoreMod:
+    """c·tanh(z/c) of each logit (Gemma 2)."""
+    return lambda score, b, h, q, kv: torch.tanh(score / cap) * cap
+
+
+def block_mask(mask: Tensor | None, causal: bool, queries: int, keys: int, device: torch.device,
+               cache: dict | None = None):
+    """The BlockMask of the context's mask (B|1, 1, T, S) boolean, or of a top-left causal mask when
+    ``mask`` is None and ``causal``; None when nothing is hidden. ``cache`` (the context's shared
+    dict) keeps it for the other layers of the forward."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if mask is None and not causal:
+        return None
+    key = ("flex_block_mask", queries, keys)
+    if cache is not None and key in cache:
+        return cache[key]
+    if mask is None:
+        def visible(b, h, q, kv):
+            return kv <= q
+        batch = None
+    else:
+        rows = mask.shape[0]
+        dense = mask.expand(rows, 1, queries, keys)
+
+        def visible(b, h, q, kv):
+            return dense[b if rows > 1 else 0, 0, q, kv]
+        batch = rows if rows > 1 else None
+    blocks = create_block_mask(visible, batch, None, queries, keys, device=device)
+    if cache is not None:
+        cache[key] = blocks
+    return blocks
+
+
+def _compile_failures() -> tuple[type[BaseException], ...]:
+    """What torch.compile raises when it cannot build the kernel on this machine (no C++ compiler
+    for inductor's CPU code, an unsupported device)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    from torch._inductor.exc import InductorError
+
+    return BackendCompilerFailed, InductorError
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, *, scale: float, score_mod: ScoreMod | None, blocks,
+           sink: Tensor | None = None) -> Tensor | None:
+    """Attention through the compiled flex kernel: q (B, H, T, D), k/v (B, K, S, D) -> (B, H, T, D),
+    or None when compiling failed (the caller then takes the materialised path). Rows that see no
+    key are zeros, as on the materialised path."""
+    global _kernel, _failed
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+        if _kernel is None and COMPILE:
+            _kernel = torch.compile(flex_attention, dynamic=False)
+        extra = {} if sink is None else {"return_aux": AuxRequest(lse=True)}
+        out = (_kernel if COMPILE else flex_attention)(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale,
+                                                       enable_gqa=k.shape[1] != q.shape[1], **extra)
+    except _compile_failures() as error:
+        _failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        print(f"seqzoo: FlexAttention is unavailable here ({_failed}); attention materialises its "
+              f"scores instead", file=sys.stderr)
+        return None
+    if sink is not None:  # σ(L − s): the share of each row's softmax mass the keys keep beside the sink
+        out, lse = out[0], out[1].lse
+        out = out * torch.sigmoid(lse - sink.to(lse.dtype)[None, :, None])[..., None].to(out.dtype)
+    return out
