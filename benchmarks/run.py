@@ -360,7 +360,7 @@ class MambaShapes:
 
 
 #: The recall experiment's model (``seqzoo experiment recall``): C 64, 4 layers, 128 tokens, batch 64.
-RECALL_SHAPE = MambaShapes(vocab=192, dim=64, layers=4, seq=128, batch=64)
+RECALL_SHAPE = MambaShapes(vocab=512, dim=64, layers=4, seq=128, batch=64)
 MAMBA_QUICK = MambaShapes(vocab=320, dim=32, layers=2, seq=64, batch=2, state=4, repeats=2,
                           contexts=(16, 64), prefill=256)
 
@@ -590,7 +590,33 @@ def bench_flex(table: Table, s: Shapes, quick: bool) -> None:
         table.add(f"{name} layer T={length} forward, flex", times["flex"],
                   {"materialised": times["materialised"], "causal SDPA layer": times["sdpa"]},
                   targets={"materialised": 1.5})
+        # training: no flex backward on the CPU, so the materialised path runs block by block
+        steps = {"blockwise": train_pass(model, ids, blockwise=True),
+                 "materialised": train_pass(model, ids, blockwise=False), "sdpa": train_pass(plain, ids)}
+        memory = {key: peak_memory_mb(step) for key, step in steps.items()}
+        table.add(f"{name} layer T={length} forward+backward peak memory, blockwise", memory["blockwise"],
+                  {"materialised": memory["materialised"], "causal SDPA layer": memory["sdpa"]}, unit="MiB",
+                  targets={"causal SDPA layer": 1 / 1.5})
+        times = interleaved(steps, 2)
+        table.add(f"{name} layer T={length} forward+backward, blockwise", times["blockwise"],
+                  {"materialised": times["materialised"], "causal SDPA layer": times["sdpa"]},
+                  targets={"materialised": 1.5})
     os.environ.pop("SEQZOO_FLEX", None)
+
+
+def train_pass(model: torch.nn.Module, ids: Tensor, blockwise: bool = True) -> Callable[[], None]:
+    """Forward + backward of the next-token loss, with the blockwise attention path on or off."""
+    import seqzoo.nn.attention as attention
+
+    def run() -> None:
+        saved = attention.BLOCKWISE_FROM
+        attention.BLOCKWISE_FROM = saved if blockwise else 10 ** 9
+        try:
+            model.zero_grad(set_to_none=True)
+            model(ids[:, :-1], targets=ids[:, 1:]).backward()
+        finally:
+            attention.BLOCKWISE_FROM = saved
+    return run
 
 
 def bench_mla(table: Table, s: Shapes, quick: bool) -> None:

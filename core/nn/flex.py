@@ -22,8 +22,8 @@ queries (measured in docs/performance.md: below that the compiled kernel's fixed
 CUDA, or on the CPU without autograd and without sinks (torch compiles flex on the CPU for
 inference only, and without the log-sum-exp the sinks need: training on the CPU keeps the
 materialised path). ``SEQZOO_FLEX=0`` turns it off. The kernel is compiled once per process
-and shape; if compiling fails (no C++ compiler for inductor on the CPU) it says so once and the
-materialised path runs from then on.
+(one kernel for the first length, one shared by every later length); if compiling fails (no C++
+compiler for inductor on the CPU) it says so once and the materialised path runs from then on.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from torch import Tensor
 
 #: The fewest keys and queries for which flex replaces the materialised path.
 MIN_KEYS = 1024
-MIN_QUERIES = 256
+MIN_QUERIES = 512
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -126,7 +126,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, scale: float, score_mod: ScoreMod
     try:
         from torch.nn.attention.flex_attention import AuxRequest, flex_attention
         if _kernel is None and COMPILE:
-            _kernel = torch.compile(flex_attention, dynamic=False)
+            # torch's automatic dynamic shapes: the second length compiles a kernel every later
+            # length reuses (dynamic=False would compile per length and fall back to the slow
+            # eager path after torch's recompile limit)
+            _kernel = torch.compile(flex_attention)
         extra = {} if sink is None else {"return_aux": AuxRequest(lse=True)}
         out = (_kernel if COMPILE else flex_attention)(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale,
                                                        enable_gqa=k.shape[1] != q.shape[1], **extra)
