@@ -33,8 +33,8 @@ def test_run_quick_prints_every_comparison(tmp_path):
     assert [row["what"].split(" greedy")[0] for row in decoding] == [
         "Mixtral MoE", "Mixtral MoE", "Mamba", "Mamba-2", "hybrid (Bamba)", "MLA (DeepSeek-V3)"]
     assert set(decoding[0]["vs"]) == {"transformers", "transformers static"}
-    flex_rows = [row for row in rows if row["what"].endswith(", flex")]
-    assert len(flex_rows) == 4 and all({"materialised", "causal SDPA layer"} == set(r["vs"]) for r in flex_rows)
+    flex_rows = [row for row in rows if row["what"].endswith((", flex", ", blockwise"))]
+    assert len(flex_rows) == 8 and all({"materialised", "causal SDPA layer"} == set(r["vs"]) for r in flex_rows)
     mla = next(row for row in rows if row["what"].startswith("MLA KV cache bytes"))
     assert set(mla["vs"]) == {"MHA", "GQA"} and mla["vs"]["MHA"]["ratio"] > mla["vs"]["GQA"]["ratio"] > 1
     gpt2 = next(row for row in rows if row["what"] == "train step, GPT-2 shape")

@@ -187,3 +187,58 @@ def test_flex_forward_and_backward_equal_the_materialised_path_on_cuda(recipe, o
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(got_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+# -- training on the CPU: the materialised path block by block, each block recomputed in the backward
+@pytest.fixture
+def blocks_of_eight(monkeypatch):
+    import seqzoo.nn.attention as attention
+
+    monkeypatch.setattr(attention, "BLOCKWISE_FROM", 8)
+    monkeypatch.setattr(attention, "BLOCK_QUERIES", 8)
+    calls, blockwise = [], attention.MultiHeadAttention._blockwise
+    monkeypatch.setattr(attention.MultiHeadAttention, "_blockwise",
+                        lambda *a: calls.append(1) or blockwise(*a))
+    return calls
+
+
+def loss_and_grads(model, ids, **kwargs):
+    model.zero_grad()
+    out = model(ids, ids, **kwargs) if model.family == "seq2seq" else model(ids, **kwargs)
+    out = out if torch.is_tensor(out) else out.logits
+    (out.float().square() * torch.linspace(0, 1, out.shape[-1])).mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(("recipe", "overrides"), CASES + [("tiny-gemma2", ["model.attention.window=5"])])
+def test_blockwise_training_equals_the_whole_materialised_path(recipe, overrides, blocks_of_eight, monkeypatch):
+    import seqzoo.nn.attention as attention
+
+    torch.manual_seed(0)
+    model = seqzoo.build(recipe, overrides, device="cpu")
+    ids, kwargs = padded_batch(model.family)
+    got, got_grads = loss_and_grads(model, ids, **kwargs)
+    assert blocks_of_eight, "the blockwise path did not run"
+    monkeypatch.setattr(attention, "BLOCKWISE_FROM", 10 ** 9)
+    expected, expected_grads = loss_and_grads(model, ids, **kwargs)
+    real = kwargs["attention_mask"].bool() if kwargs else torch.ones(ids.shape, dtype=torch.bool)
+    torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=1e-5)
+    assert got_grads.keys() == expected_grads.keys()
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_blockwise_training_with_packed_documents(blocks_of_eight, monkeypatch):
+    import seqzoo.nn.attention as attention
+
+    torch.manual_seed(0)
+    model = seqzoo.build("tiny-bloom", device="cpu")
+    ids = torch.randint(3, 200, (2, 48), generator=torch.Generator().manual_seed(1))
+    documents = torch.tensor([[0] * 20 + [1] * 28, [0] * 5 + [1] * 30 + [2] * 13])
+    got, got_grads = loss_and_grads(model, ids, documents=documents)
+    monkeypatch.setattr(attention, "BLOCKWISE_FROM", 10 ** 9)
+    expected, expected_grads = loss_and_grads(model, ids, documents=documents)
+    assert blocks_of_eight
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)

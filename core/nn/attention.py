@@ -14,6 +14,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import InputError
 from ..functional import expand_kv, masked_softmax_attend, softcap
@@ -22,6 +23,13 @@ from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError
 from . import flex
 from .cache import KVCache, KVSlice
 from .linear import Linear
+
+#: Training on the materialised path (where flex cannot run: the CPU) splits a sequence of at
+#: least ``BLOCKWISE_FROM`` queries into blocks of ``BLOCK_QUERIES``, each against only the keys
+#: its mask can reach, and recomputes each block in the backward instead of keeping its logits:
+#: memory grows with the block, not with T (measured in docs/performance.md).
+BLOCKWISE_FROM = 2048
+BLOCK_QUERIES = 512
 
 
 @dataclass(frozen=True)
@@ -212,10 +220,49 @@ class MultiHeadAttention(Mixer):
         if state is not None:
             key, value = state.write(context.cache, key, value)  # (B, K, S, D)
         out = self._flex(q, key, value, context)
+        if out is None and q.requires_grad and q.shape[-2] >= BLOCKWISE_FROM and self._materialises(context):
+            out = self._blockwise(q, key, value, context)
         if out is None:
             bias = position.bias(q, context.q_pos, context.k_pos, **context.prepared)
             out = self._attend(q, key, value, context.mask, bias, context.causal)
         return self._merge(out)
+
+    def _materialises(self, context: MixerContext) -> bool:
+        """Whether this layer's attention builds (B, H, T, S) logits, a bias or a mask: a softcap,
+        sinks, a position bias or a mask (plain causal attention is the fused kernel's)."""
+        biased = type(context.position).bias is not PositionScheme.bias
+        return self.softcap is not None or self.sinks is not None or biased or context.mask is not None
+
+    def _blockwise(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor:
+        """The materialised path one block of ``BLOCK_QUERIES`` queries at a time, each block
+        checkpointed: q (B, H, T, D), key/value (B, K, S, D) -> (B, H, T, D). A block reads the keys
+        from its first visible one to its last (causality and the window bound them in a decoder)."""
+        t, s = q.shape[-2], key.shape[-2]
+        past = s - t  # cached keys before the first query
+        causal = context.causal or context.position.causal
+        outputs = []
+        for index, q_block in enumerate(q.split(BLOCK_QUERIES, dim=2)):
+            start = index * BLOCK_QUERIES
+            stop = start + q_block.shape[-2]
+            first = max(0, past + start - self.window + 1) if causal and self.window else 0
+            last = past + stop if causal else s
+            if context.mask is not None:
+                mask = context.mask[..., start:stop, first:last]
+            elif context.causal:  # top-left causal over the whole sequence, sliced
+                mask = (torch.arange(first, last, device=q.device) <= past + torch.arange(
+                    start, stop, device=q.device)[:, None])[None, None]
+            else:
+                mask = None
+            q_pos = context.q_pos[..., start:stop]
+            k_pos = context.k_pos[..., first:last]
+
+            def block(q_block, keys, values, mask=mask, q_pos=q_pos, k_pos=k_pos):
+                bias = context.position.bias(q_block, q_pos, k_pos)  # this block's bias only
+                return self._attend(q_block, keys, values, mask, bias, False)
+
+            outputs.append(checkpoint(block, q_block, key[:, :, first:last], value[:, :, first:last],
+                                      use_reentrant=False))
+        return torch.cat(outputs, dim=2)
 
     def _flex(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor | None:
         """Self-attention through FlexAttention, or None where it does not apply: nothing would be
@@ -223,7 +270,7 @@ class MultiHeadAttention(Mixer):
         CPU, a score or a position bias with no flex form."""
         position = context.position
         biased = type(position).bias is not PositionScheme.bias
-        if not (self.softcap is not None or self.sinks is not None or biased or context.mask is not None):
+        if not self._materialises(context):
             return None
         if (self.dropout and self.training) or not flex.usable(q, key.shape[-2], grad=q.requires_grad,
                                                                     sinks=self.sinks is not None):
