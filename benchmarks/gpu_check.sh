@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole GPU check in one command: the CUDA tests (tests/test_cuda.py), then the GPU benchmark
+# The whole GPU check in one command: the CUDA tests (tests/test_cuda.py, and FlexAttention's forward
+# and backward against the materialised path in tests/test_flex.py), then the GPU benchmark
 # (benchmarks/gpu.py), each one's output printed and written to a folder.
 #
 #   bash benchmarks/gpu_check.sh [DIR] [gpu.py options, e.g. --quick]
@@ -26,7 +27,7 @@ if ! "$py" -c "import seqzoo" 2>/dev/null; then
 fi
 
 # -m cuda replaces pyproject's addopts "-m 'not slow'" (the last -m wins): every CUDA test runs.
-"$py" -m pytest -m cuda tests/test_cuda.py -q -rs -p no:cacheprovider --durations=10 2>&1 \
+"$py" -m pytest -m cuda tests/test_cuda.py tests/test_flex.py -q -rs -p no:cacheprovider --durations=10 2>&1 \
     | tee "$out/cuda_tests.txt"
 tests=${PIPESTATUS[0]}
 
