@@ -98,7 +98,9 @@ def test_rows_that_see_no_key_are_zeros_as_on_the_materialised_path(monkeypatch)
     q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
     hidden = torch.ones(1, 1, 8, 8, dtype=torch.bool)
     hidden[..., 3, :] = False  # query 3 sees nothing
-    blocks = flex.block_mask(hidden, False, 8, 8, q.device)
+    context = seqzoo.interfaces.MixerContext(position=None, q_pos=torch.arange(8)[None], k_pos=torch.arange(8)[None],
+                                             mask=hidden, prepared={})
+    blocks = flex.block_mask(context, 8, 8, q.device)
     out = flex.attend(q, k, v, scale=0.5, score_mod=flex.softcap_mod(5.0), blocks=blocks)
     assert torch.equal(out[:, :, 3], torch.zeros(1, 2, 4)) and torch.isfinite(out).all()
 
@@ -242,3 +244,17 @@ def test_blockwise_training_with_packed_documents(blocks_of_eight, monkeypatch):
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_a_flex_forward_never_builds_the_whole_mask(small, monkeypatch):
+    """The mask is deferred (MaskSpec): flex's block mask reads it one block of 128 rows at a time."""
+    from seqzoo.interfaces import MaskSpec
+
+    monkeypatch.setattr(flex, "COMPILE", False)
+    monkeypatch.setenv("SEQZOO_FLEX", "1")
+    widths, rows = [], MaskSpec.rows
+    monkeypatch.setattr(MaskSpec, "rows",
+                        lambda self, start, stop: widths.append(stop - start) or rows(self, start, stop))
+    model = seqzoo.build("tiny-gemma2", device="cpu").eval()
+    outputs(model, torch.randint(3, 200, (1, 300)))
+    assert small and widths and max(widths) <= flex.BLOCK

@@ -31,7 +31,7 @@ from .feedforward import (
     auxiliary_losses,
     auxiliary_statistics,
 )
-from .mixers import Mixer, MixerContext, MixerState, RecurrentCell
+from .mixers import MaskSpec, Mixer, MixerContext, MixerState, RecurrentCell
 from .models import DecodeSession, LanguageModel, MaskedLanguageModel, Model
 from .part import Part
 from .surgery import TransferRule
@@ -67,9 +67,10 @@ BASES: dict[str, type] = {
 }
 
 __all__ = [
-    "BASES", "CORE_ARGS", "IGNORE", "Activation", "AuxiliaryLosses", "DecodeSession", "DeferredTable", "FeedForward",
-    "FlexScore", "LanguageModel", "MaskedLanguageModel", "Mixer", "MixerContext", "MixerState", "Model", "Norm", "Part",
-    "PositionBias", "PositionScheme", "RecurrentCell", "RopeScaling", "Rotary", "Router", "Routing", "ScoreFunction",
-    "Task", "TokenTask", "Tokenizer", "TransferRule", "auxiliary_losses", "auxiliary_statistics", "causal_mask",
-    "default_scale", "expand_kv", "masked_softmax_attend", "softcap", "step_through", "upcast",
+    "Activation", "AuxiliaryLosses", "BASES", "CORE_ARGS", "DecodeSession", "DeferredTable", "FeedForward",
+    "FlexScore", "IGNORE", "LanguageModel", "MaskSpec", "MaskedLanguageModel", "Mixer", "MixerContext", "MixerState",
+    "Model", "Norm", "Part", "PositionBias", "PositionScheme", "RecurrentCell", "RopeScaling", "Rotary", "Router",
+    "Routing", "ScoreFunction", "Task", "TokenTask", "Tokenizer", "TransferRule", "auxiliary_losses",
+    "auxiliary_statistics", "causal_mask", "default_scale", "expand_kv", "masked_softmax_attend", "softcap",
+    "step_through", "upcast",
 ]

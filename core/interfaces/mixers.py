@@ -5,7 +5,7 @@ Shape legend: B batch, T query length, S key length, C model dim.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 from torch import Tensor
@@ -39,21 +39,45 @@ class MixerContext:
     (``generate(compile=True)``). ``prepared`` is ``position.prepare(q_pos, k_pos)`` as keyword
     arguments for the position hooks ({} when the scheme prepares nothing; a ``PositionBias``'s
     table is deferred until a layer asks for it). ``shared``: other work the layers of this
-    context compute once and reuse (the FlexAttention block mask).
+    context compute once and reuse (the FlexAttention block mask). ``mask_spec``: what the mask is
+    made of (``MaskSpec``); given one, ``mask`` is built from it only when a layer reads it, so a
+    forward whose layers all take FlexAttention or the blockwise path never holds (T × S) booleans.
     """
 
     position: PositionScheme
     q_pos: Tensor
     k_pos: Tensor
-    mask: Tensor | None
-    causal: bool
+    mask: InitVar[Tensor | None] = None
+    causal: bool = False
     cache: object | None = None
     padding: Tensor | None = None
     static: bool = False
     prepared: dict | None = None
     shared: dict = field(default_factory=dict)
+    mask_spec: MaskSpec | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, mask: Tensor | None) -> None:
+        self._mask = mask
+        self._initialise_prepared()
+
+    @property
+    def masked(self) -> bool:
+        """Whether a mask hides keys (``mask`` is not None), without building a deferred one."""
+        return self._mask is not None or self.mask_spec is not None
+
+    def mask_rows(self, start: int, stop: int) -> Tensor | None:
+        """Queries ``start:stop`` of ``mask`` (B|1, 1, stop − start, S), built for those rows alone
+        when the mask is deferred; None when nothing is hidden."""
+        if self._mask is None and self.mask_spec is not None:
+            return self.mask_spec.rows(start, stop)
+        return None if self._mask is None else self._mask[..., start:stop, :]
+
+    def replace(self, **changes) -> MixerContext:
+        """A copy with ``changes`` (``dataclasses.replace`` would drop the mask, an InitVar)."""
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "mask"}
+        return MixerContext(**{**fields, "mask": self._mask, **changes})
+
+    def _initialise_prepared(self) -> None:
         if self.prepared is not None:  # shared with another context of the same scheme
             return
         self.prepared = {}
@@ -61,6 +85,87 @@ class MixerContext:
             self.prepared = {"prepared": DeferredTable(self.position.prepare, self.q_pos, self.k_pos)}
         elif type(self.position).prepare is not PositionScheme.prepare:
             self.prepared = {"prepared": self.position.prepare(self.q_pos, self.k_pos)}
+
+
+def _context_mask(context: MixerContext) -> Tensor | None:
+    if context._mask is None and context.mask_spec is not None:
+        context._mask = context.mask_spec.rows(0, context.mask_spec.queries)
+    return context._mask
+
+
+# A property set after the dataclass is made: ``mask`` stays a constructor argument (an InitVar)
+# and reads build the deferred mask once.
+MixerContext.mask = property(_context_mask, doc="The boolean (B|1, 1, T, S) mask, or None.")
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """A self-attention mask by its parts, so it can be built a block of rows at a time (``rows``)
+    or evaluated one element at a time (``visible``, FlexAttention's mask_mod) instead of held whole.
+
+    ``queries`` new tokens after ``past`` cached ones, over ``keys`` = past + queries keys, by slot.
+    ``causal``: a query sees no later slot. ``window``: itself and the W − 1 keys before it (both
+    ways, W − 1 on each side, when not causal). ``key_padding`` (B, S) true for real keys;
+    ``documents`` (B, T) the packed document of each token (no cache): a query sees its own only.
+    ``device``: where ``rows`` builds the mask.
+    """
+
+    queries: int
+    keys: int
+    past: int
+    causal: bool
+    window: int | None = None
+    key_padding: Tensor | None = None
+    documents: Tensor | None = None
+    device: torch.device | None = None
+
+    @property
+    def batch(self) -> int:
+        """The mask's rows: B when padding or documents differ per row, else 1."""
+        for per_row in (self.key_padding, self.documents):
+            if per_row is not None:
+                return per_row.shape[0]
+        return 1
+
+    def rows(self, start: int, stop: int) -> Tensor:
+        """Queries ``start:stop`` of the mask -> (B|1, 1, stop − start, S) boolean, built from
+        comparisons of (R, 1) and (1, S) slot numbers (no (R, S) integer table)."""
+        device = self.device
+        q_slot = torch.arange(self.past + start, self.past + stop, device=device)[:, None]
+        k_slot = torch.arange(self.keys, device=device)[None, :]
+        allowed = torch.ones(stop - start, self.keys, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed &= k_slot <= q_slot
+        if self.window is not None:
+            allowed &= k_slot > q_slot - self.window
+            if not self.causal:
+                allowed &= k_slot < q_slot + self.window
+        mask = allowed[None, None]
+        if self.key_padding is not None:
+            mask = mask & self.key_padding.bool()[:, None, None, :]
+        if self.documents is not None:
+            mask = mask & (self.documents[:, None, start:stop, None] == self.documents[:, None, None, :])
+        return mask
+
+    def visible(self, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        """Whether query ``q`` (of the new tokens) may read key ``kv`` in row ``b``: one element of
+        ``rows``, for FlexAttention. Indices past the ends (flex pads to its blocks) read clamped
+        and come out hidden."""
+        inside = (q < self.queries) & (kv < self.keys)
+        q, kv = q.clamp(max=self.queries - 1), kv.clamp(max=self.keys - 1)
+        slot = q + self.past
+        seen = inside
+        if self.causal:
+            seen = seen & (kv <= slot)
+        if self.window is not None:
+            seen = seen & (kv > slot - self.window)
+            if not self.causal:
+                seen = seen & (kv < slot + self.window)
+        if self.key_padding is not None:
+            seen = seen & self.key_padding[b, kv].bool()
+        if self.documents is not None:
+            seen = seen & (self.documents[b, q] == self.documents[b, kv])
+        return seen
 
 
 class Mixer(Part):

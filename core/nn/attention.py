@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import InputError
 from ..functional import expand_kv, masked_softmax_attend, softcap
-from ..interfaces import Mixer, MixerContext, PositionScheme, ScoreFunction
+from ..interfaces import MaskSpec, Mixer, MixerContext, PositionScheme, ScoreFunction
 from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
 from . import flex
 from .cache import KVCache, KVSlice
@@ -111,22 +111,13 @@ def self_attention_inputs(
         if past == 0:
             # The kernel's own top-left causal mask is exact when nothing is cached (fused path).
             return MixerContext(position, q_pos, k_pos, None, True, cache, prepared=prepared)
-    q_slot = torch.arange(past, s, device=device)[:, None]
-    k_slot = torch.arange(s, device=device)[None, :]
-    allowed = torch.ones(t, s, dtype=torch.bool, device=device)
-    if causal:
-        allowed &= k_slot <= q_slot
-    if window is not None:
-        # Causal: itself and the W - 1 keys before it. Bidirectional: W - 1 on each side.
-        allowed &= ((q_slot - k_slot) if causal else (q_slot - k_slot).abs()) < window
-    mask = allowed[None, None]
-    if key_padding is not None:
-        mask = mask & key_padding.bool()[:, None, None, :]
-    if documents is not None:
-        if past:
-            raise InputError("document masks are for training on packed rows, not for decoding with a cache")
-        mask = mask & (documents[:, None, :, None] == documents[:, None, None, :])  # (B, 1, T, S)
-    return MixerContext(position, q_pos, k_pos, mask, False, cache, padding=padding, prepared=prepared)
+    if documents is not None and past:
+        raise InputError("document masks are for training on packed rows, not for decoding with a cache")
+    spec = MaskSpec(t, s, past, causal, window, None if key_padding is None else key_padding.bool(), documents,
+                    device=device)
+    # The mask is built when a layer reads it (MaskSpec): flex and the blockwise path never do.
+    return MixerContext(position, q_pos, k_pos, None, False, cache, padding=padding, prepared=prepared,
+                        mask_spec=spec)
 
 
 def static_attention_inputs(position: PositionScheme, q_pos: Tensor, cache: KVCache, *,
@@ -231,7 +222,7 @@ class MultiHeadAttention(Mixer):
         """Whether this layer's attention builds (B, H, T, S) logits, a bias or a mask: a softcap,
         sinks, a position bias or a mask (plain causal attention is the fused kernel's)."""
         biased = type(context.position).bias is not PositionScheme.bias
-        return self.softcap is not None or self.sinks is not None or biased or context.mask is not None
+        return self.softcap is not None or self.sinks is not None or biased or context.masked
 
     def _blockwise(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor:
         """The materialised path one block of ``BLOCK_QUERIES`` queries at a time, each block
@@ -246,8 +237,8 @@ class MultiHeadAttention(Mixer):
             stop = start + q_block.shape[-2]
             first = max(0, past + start - self.window + 1) if causal and self.window else 0
             last = past + stop if causal else s
-            if context.mask is not None:
-                mask = context.mask[..., start:stop, first:last]
+            if context.masked:
+                mask = context.mask_rows(start, stop)[..., first:last]
             elif context.causal:  # top-left causal over the whole sequence, sliced
                 mask = (torch.arange(first, last, device=q.device) <= past + torch.arange(
                     start, stop, device=q.device)[:, None])[None, None]
@@ -279,7 +270,7 @@ class MultiHeadAttention(Mixer):
         position_mod = position.score_mod(context.q_pos, context.k_pos, **context.prepared) if biased else None
         if score is None or (biased and position_mod is None):
             return None
-        blocks = flex.block_mask(context.mask, context.causal, q.shape[-2], key.shape[-2], q.device, context.shared)
+        blocks = flex.block_mask(context, q.shape[-2], key.shape[-2], q.device)
         modify = flex.compose(score.modify, None if self.softcap is None else flex.softcap_mod(self.softcap),
                               position_mod)
         return flex.attend(q, key, value, scale=score.scale, score_mod=modify, blocks=blocks, sink=self.sinks)

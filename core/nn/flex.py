@@ -34,9 +34,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..interfaces import MaskSpec, MixerContext
+
 #: The fewest keys and queries for which flex replaces the materialised path.
 MIN_KEYS = 1024
 MIN_QUERIES = 512
+#: FlexAttention's block of queries and of keys.
+BLOCK = 128
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -79,33 +83,54 @@ def softcap_mod(cap: float) -> ScoreMod:
     return lambda score, b, h, q, kv: torch.tanh(score / cap) * cap
 
 
-def block_mask(mask: Tensor | None, causal: bool, queries: int, keys: int, device: torch.device,
-               cache: dict | None = None):
-    """The BlockMask of the context's mask (B|1, 1, T, S) boolean, or of a top-left causal mask when
-    ``mask`` is None and ``causal``; None when nothing is hidden. ``cache`` (the context's shared
-    dict) keeps it for the other layers of the forward."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    if mask is None and not causal:
+def block_mask(context: MixerContext, queries: int, keys: int, device: torch.device):
+    """The BlockMask of the context's mask, or of a top-left causal one when it has none and is
+    causal; None when nothing is hidden. Built ``BLOCK`` query rows at a time (never the whole
+    (T × S) mask) and kept in ``context.shared`` for the forward's other layers."""
+    if not context.masked and not context.causal:
         return None
     key = ("flex_block_mask", queries, keys)
-    if cache is not None and key in cache:
-        return cache[key]
-    if mask is None:
-        def visible(b, h, q, kv):
-            return kv <= q
-        batch = None
-    else:
-        rows = mask.shape[0]
-        dense = mask.expand(rows, 1, queries, keys)
+    if key not in context.shared:
+        spec = context.mask_spec
+        if spec is None and not context.masked:
+            spec = MaskSpec(queries, keys, keys - queries, True, device=device)
+        if spec is not None:
+            context.shared[key] = _from_rows(spec.rows, spec.batch, queries, keys, spec.visible, device)
+        else:  # a mask given whole (a caller's own): read it one element at a time
+            dense = context.mask
+            rows = dense.shape[0]
 
-        def visible(b, h, q, kv):
-            return dense[b if rows > 1 else 0, 0, q, kv]
-        batch = rows if rows > 1 else None
-    blocks = create_block_mask(visible, batch, None, queries, keys, device=device)
-    if cache is not None:
-        cache[key] = blocks
-    return blocks
+            def visible(b, h, q, kv):
+                inside = (q < queries) & (kv < keys)
+                q, kv = q.clamp(max=queries - 1), kv.clamp(max=keys - 1)
+                return inside & dense[b if rows > 1 else 0, 0, q, kv]
+
+            context.shared[key] = _from_rows(context.mask_rows, rows, queries, keys, visible, device)
+    return context.shared[key]
+
+
+def _from_rows(rows_of: Callable[[int, int], Tensor], batch: int, queries: int, keys: int,
+               mask_mod: Callable, device: torch.device):
+    """A BlockMask from ``rows_of(start, stop)`` -> (B|1, 1, R, S) boolean, ``BLOCK`` rows at a
+    time: a block of keys is full (no mask_mod), partial (mask_mod per element) or skipped."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    q_blocks, kv_blocks = -(-queries // BLOCK), -(-keys // BLOCK)
+    partial = torch.zeros(batch, q_blocks, kv_blocks, dtype=torch.bool, device=device)
+    full = torch.zeros_like(partial)
+    for i in range(q_blocks):
+        chunk = rows_of(i * BLOCK, min(queries, (i + 1) * BLOCK))[:, 0].expand(batch, -1, -1)  # (B, R, S)
+        chunk = torch.cat([chunk, chunk.new_zeros(batch, chunk.shape[1], kv_blocks * BLOCK - keys)], -1)
+        per_block = chunk.unflatten(-1, (kv_blocks, BLOCK))  # (B, R, blocks, BLOCK)
+        seen, every = per_block.any(-1).any(1), per_block.all(-1).all(1)
+        partial[:, i], full[:, i] = seen & ~every, every
+
+    def listed(flags: Tensor) -> tuple[Tensor, Tensor]:  # (B, 1, Qb) counts, (B, 1, Qb, KVb) indices first
+        order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)
+        return flags.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    return BlockMask.from_kv_blocks(*listed(partial), *listed(full), BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(queries, keys))
 
 
 def _compile_failures() -> tuple[type[BaseException], ...]:

@@ -9,8 +9,6 @@ every segment's tensors would be kept for the backward anyway, so the plain forw
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor
 
@@ -35,7 +33,7 @@ def in_segments(mixer: Mixer, x: Tensor, context: MixerContext, state: MixerStat
     for start in range(0, length, segment):
         piece = slice(start, start + segment)
         padding = None if context.padding is None else context.padding[:, piece]
-        y = mixer(x[:, piece], replace(context, padding=padding), state)
+        y = mixer(x[:, piece], context.replace(padding=padding), state)
         if out is None:
             out = y.new_empty(batch, length, y.shape[-1])
         out[:, piece] = y
