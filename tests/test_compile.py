@@ -93,6 +93,24 @@ def test_compiled_moe_generate_equals_eager_with_one_graph_per_batch_size():
 
 
 @pytest.mark.slow
+def test_every_model_gets_its_own_compiled_step(monkeypatch):
+    """dynamo's recompile limit belongs to a code object: with one shared decode step, the models
+    after the limit silently decoded eagerly. Each model's step is its own, so with a limit of 1
+    three models still compile three graphs."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    for recipe in ("tiny-gpt", "tiny-llama", "tiny-mamba"):
+        model = seqzoo.build(recipe, device="cpu").eval()
+        ids = torch.randint(1, 256, (1, 5))
+        assert torch.equal(seqzoo.generate(model, ids, 8, eos_id=None, compile=True),
+                           seqzoo.generate(model, ids, 8, eos_id=None))
+    assert counters["stats"]["unique_graphs"] == 3
+
+
+@pytest.mark.slow
 def test_cli_generate_compile_gives_the_same_ids(tmp_path, capsys):
     from seqzoo.cli import main
 

@@ -9,7 +9,9 @@ decoder-only models.
 """
 from __future__ import annotations
 
+import types
 import warnings
+import weakref
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +36,7 @@ class CausalSession:
         self.prefix = self.ids = input_ids
         self.mask = attention_mask
         self.static = static or compile
-        self.step = _compiled_decode_step() if compile else _decode_step
+        self.step = _compiled_decode_step(model) if compile else _decode_step
         if self.static and not use_cache:
             raise InputError("static and compiled decoding need the KV cache (use_cache=True)")
         max_len = input_ids.shape[1] + max_new_tokens
@@ -104,16 +106,22 @@ def _decode_step(model: nn.Module, tokens: Tensor, positions: Tensor, cache) -> 
     return model(tokens, positions=positions, cache=cache, logits_to_keep=1)[:, -1].float()
 
 
-_COMPILED = None
+#: The compiled decode step of each model, made at its first compiled generation and reused by
+#: every later one (dynamo keeps one graph per batch size and cache length).
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _compiled_decode_step():
-    """``_decode_step`` through torch.compile, made once per process: dynamo keeps one graph per
-    shape (batch, cache length) and model structure, so later generations reuse it."""
-    global _COMPILED
-    if _COMPILED is None:
-        _COMPILED = torch.compile(_decode_step, dynamic=False)
-    return _COMPILED
+def _compiled_decode_step(model: nn.Module):
+    """``_decode_step`` through torch.compile for ``model``. Each model gets a copy of the function
+    with a code object of its own: dynamo's graphs and its recompile limit (8) belong to a code
+    object, so one shared step ran out of graphs after a few models in one process (a benchmark,
+    a server) and silently fell back to eager decoding."""
+    step = _COMPILED.get(model)
+    if step is None:
+        code = _decode_step.__code__.replace()  # an equal code object that is not the same one
+        own = types.FunctionType(code, _decode_step.__globals__, _decode_step.__name__)
+        step = _COMPILED[model] = torch.compile(own, dynamic=False)
+    return step
 
 
 def choose(logits: Tensor, *, temperature: float, top_k: int | None, top_p: float | None,
