@@ -132,6 +132,11 @@ def test_names_and_the_table_format():
                          "eval": {"loss": loss, "perplexity": 2.0}} for s, loss in ((0, 1.0), (1, 2.0))]}
     row = markdown(results).splitlines()[2]
     assert row == "| m | 1,234 | 1,000 | 2.00M | 100 | 50 | 1.5000 ± 0.7071 | 2.00 ± 0.00 | 10 |"
+    assert markdown(results).endswith("Measured on CPU X (2 cores), torch 2.x.")
+    # a comparison finished on another machine names each machine with its runs
+    results["runs"][1]["machine"] = {"cpu": "CPU Y", "cores": 4, "torch": "2.x", "gpu": None}
+    assert markdown(results).endswith("Measured on 2 machines, so tokens/s and wall time compare only within one "
+                                      "— CPU X (2 cores), torch 2.x: m seed 0; CPU Y (4 cores), torch 2.x: m seed 1.")
 
 
 def test_a_finished_run_survives_a_setting_that_a_later_version_adds(data, tmp_path, capsys):

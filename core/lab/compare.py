@@ -302,7 +302,8 @@ def _finish(run: Run, wall: float) -> dict:
               "tokens_per_s": statistics.median(speeds) if speeds else None,
               "peak_memory_mb": max((e.get("peak_memory_mb", 0.0) for e in history), default=None),
               "eval": metrics["eval"], "steps": metrics["steps"], "wall_seconds": round(earlier + wall, 1),
-              "train_seconds": history[-1].get("seconds") if history else None, "curve": curve}
+              "train_seconds": history[-1].get("seconds") if history else None, "machine": machine(),
+              "curve": curve}
     write_text_atomic(run.folder / "result.json", json.dumps(result, indent=1))
     return result
 
@@ -397,18 +398,33 @@ def markdown(results: dict) -> str:
             cells.append(_mean_sd(r["accuracy"], 3) if "accuracy" in r else "–")
         cells.append(f"{r['wall_seconds']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
-    m = results["machine"]
     budget = f"{settings['steps']:,} steps" if settings.get("steps") else f"{settings['tokens']:,} tokens"
     seeds = ", ".join(map(str, settings["seeds"]))
     notes = [f"Budget: {budget} ({settings['run_steps']:,} steps) per run; seeds {seeds}"
              f"; data: {settings.get('data') or 'the recipes’ task'}"
              + ("; FFN widths matched to the first model's parameter count" if settings.get("match_params") else "")
              + ".",
-             f"Measured on {m['cpu']} ({m['cores']} cores), torch {m['torch']}"
-             + (f", {m['gpu']}" if m.get("gpu") else "") + "."]
+             _measured_on(results)]
     if results.get("unfinished"):
         notes.append(f"Not finished: {', '.join(results['unfinished'])}.")
     return "\n".join(lines) + "\n\n" + "\n".join(notes)
+
+
+def _where(m: dict) -> str:
+    return f"{m['cpu']} ({m['cores']} cores), torch {m['torch']}" + (f", {m['gpu']}" if m.get("gpu") else "")
+
+
+def _measured_on(results: dict) -> str:
+    """The machine the runs trained on — each run records its own, since an interrupted comparison
+    may be finished on another; several machines are named with their runs, as their speeds differ."""
+    places: dict[str, list[str]] = {}
+    for run in results["runs"]:
+        places.setdefault(_where(run.get("machine") or results["machine"]), []).append(
+            f"{run['arm']} seed {run['seed']}")
+    if len(places) <= 1:
+        return f"Measured on {next(iter(places), _where(results['machine']))}."
+    listed = "; ".join(f"{where}: {', '.join(runs)}" for where, runs in places.items())
+    return f"Measured on {len(places)} machines, so tokens/s and wall time compare only within one — {listed}."
 
 
 def curves(results: dict, x: str) -> dict[str, tuple[list[float], list[float]]]:
