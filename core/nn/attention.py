@@ -231,19 +231,16 @@ class MultiHeadAttention(Mixer):
         t, s = q.shape[-2], key.shape[-2]
         past = s - t  # cached keys before the first query
         causal = context.causal or context.position.causal
+        # the plain causal case has no mask to slice: spell it out by parts, as the stack would
+        spec = MaskSpec(t, s, past, True, device=q.device) if context.causal and not context.masked else None
         outputs = []
         for index, q_block in enumerate(q.split(BLOCK_QUERIES, dim=2)):
             start = index * BLOCK_QUERIES
             stop = start + q_block.shape[-2]
             first = max(0, past + start - self.window + 1) if causal and self.window else 0
             last = past + stop if causal else s
-            if context.masked:
-                mask = context.mask_rows(start, stop)[..., first:last]
-            elif context.causal:  # top-left causal over the whole sequence, sliced
-                mask = (torch.arange(first, last, device=q.device) <= past + torch.arange(
-                    start, stop, device=q.device)[:, None])[None, None]
-            else:
-                mask = None
+            rows = spec.rows(start, stop) if spec is not None else context.mask_rows(start, stop)
+            mask = None if rows is None else rows[..., first:last]
             q_pos = context.q_pos[..., start:stop]
             k_pos = context.k_pos[..., first:last]
 
