@@ -24,6 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # eager flex war
 CASES = [("tiny-gemma2", []),                              # softcap + sliding window, local/global layers
          ("tiny-bloom", []),                               # ALiBi, causal
          ("tiny-gpt", ["model.position=t5"]),              # T5 buckets, causal
+         ("tiny-gpt", ["model.position=hard_alibi"]),      # hard windows per head, causal
          ("tiny-bert", ["model.position=alibi"]),          # ALiBi, bidirectional, key padding
          ("tiny-t5", []),                                  # T5 buckets both ways, encoder-decoder
          ("tiny-sinks", [])]                               # attention sinks (log-sum-exp)

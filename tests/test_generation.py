@@ -9,7 +9,8 @@ from seqzoo.nn.generation import choose
 
 
 @pytest.mark.parametrize("overrides", [[], ["model.position=rope"], ["model.attention.kv_heads=1"],
-                                       ["model.attention.window=5"], ["model.position=sinusoidal"]])
+                                       ["model.attention.window=5"], ["model.position=sinusoidal"],
+                                       ["model.position=hard_alibi"]])
 def test_cached_and_uncached_greedy_are_identical(overrides):
     model = seqzoo.build("tiny-gpt", overrides, device="cpu")
     ids = torch.randint(0, 259, (3, 7))

@@ -40,6 +40,27 @@ def test_matches_cross_entropy_value_and_gradients(bias, chunk_rows):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
 
 
+def test_mostly_ignored_positions_pass_only_the_labelled_rows_through_the_head(monkeypatch):
+    """Recall and copying label a few positions per row: the head sees only those rows, and the
+    loss and gradients are those of the whole (B, T, V) logits."""
+    import seqzoo.nn.losses as losses
+
+    seen = []
+    chunked = losses._chunked
+    monkeypatch.setattr(losses, "_chunked", lambda hidden, *a: seen.append(hidden.shape[0]) or chunked(hidden, *a))
+    torch.manual_seed(3)
+    hidden = torch.randn(4, 32, 16, requires_grad=True)
+    weight = (torch.randn(50, 16) * 0.3).requires_grad_()
+    targets = torch.full((4, 32), -100)
+    targets[:, 20::3] = torch.randint(0, 50, (4, 4))  # 16 of 128 positions labelled
+    want, want_grads = _grads(lambda: _reference(hidden, weight, targets), hidden, weight)
+    got, got_grads = _grads(lambda: linear_cross_entropy(hidden, weight, targets), hidden, weight)
+    assert seen == [16]
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("logit_scale", [300.0, -1.0])
 def test_extreme_logits_fall_back_to_the_shifted_softmax(logit_scale):
     """Logits far above exp's range (300) or all far below it (a -300 offset): the chunks whose

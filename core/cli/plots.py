@@ -31,9 +31,9 @@ def register_cli(add) -> dict:
     p.add_argument("--length", type=int, help="positions / distances to show (default from the recipe)")
 
     p = add("experiment", help="run an experiment: extrapolation, seq2seq-attention, vanishing-gradients, "
-                           "linear-time, recall, moe, surgery")
+                           "linear-time, recall, copying, moe, surgery")
     p.add_argument("name", help="extrapolation | seq2seq-attention | vanishing-gradients | linear-time | recall | "
-                                        "moe | surgery")
+                                "copying | moe | surgery")
     p.add_argument("-o", "--output", metavar="DIR", help="folder for NAME.md, NAME.json, NAME.png "
                                                          "(default experiments/NAME)")
     p.add_argument("--quick", action="store_true", help="a tiny version that runs in seconds")

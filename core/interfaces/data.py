@@ -91,9 +91,12 @@ class TokenTask(Task):
     the run trains on, over all ranks and micro-batches — so the stream's position is one integer,
     which checkpoints keep, and two ranks never read the same row. Scored by held-out loss and
     perplexity, per group of held-out rows; with ``token_accuracy`` also by the argmax accuracy at
-    the labelled positions.
+    the labelled positions, and with ``exact_match`` by the share of rows right at every one.
     """
 
+    #: Whether evaluation also scores whole rows: the share of held-out rows whose every labelled
+    #: token the argmax predicts right. Under teacher forcing that equals greedy decoding's exact
+    #: match, since each right prediction is the input the next one would have been fed.
     exact_match = False
     #: Whether evaluation also scores the argmax prediction at every labelled position.
     token_accuracy: bool = False

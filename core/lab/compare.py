@@ -315,6 +315,8 @@ def _result_line(result: dict) -> str:
         line += f" (perplexity {e['perplexity']:.2f})"
     if "accuracy" in e:
         line += f", accuracy {e['accuracy']:.3f}"
+    if "exact" in e:
+        line += f", exact rows {e['exact']:.3f}"
     return f"{line} in {result['wall_seconds']:.0f} s"
 
 
@@ -364,7 +366,7 @@ def summary_rows(results: dict) -> list[dict]:
                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs if r["tokens_per_s"]),
                "peak_memory_mb": max(r["peak_memory_mb"] or 0 for r in runs),
                "wall_seconds": statistics.fmean(r["wall_seconds"] for r in runs)}
-        for key in ("loss", "perplexity", "accuracy"):
+        for key in ("loss", "perplexity", "accuracy", "exact"):
             values = [r["eval"][key] for r in runs if key in r["eval"]]
             if values:
                 row[key] = values
@@ -383,10 +385,11 @@ def markdown(results: dict) -> str:
     """The comparison as a markdown table (mean ± sd over seeds), with the machine and settings."""
     rows = summary_rows(results)
     settings = results["settings"]
-    has = {key: any(key in r for r in rows) for key in ("perplexity", "accuracy")}
+    has = {key: any(key in r for r in rows) for key in ("perplexity", "accuracy", "exact")}
     columns = ["model", "params", "params w/o embeddings", "FLOPs/token", "tokens/s", "peak memory (MB)",
                "held-out loss"]
-    columns += ["perplexity"] * has["perplexity"] + ["accuracy"] * has["accuracy"] + ["wall time (s)"]
+    columns += ["perplexity"] * has["perplexity"] + ["accuracy"] * has["accuracy"] + ["exact rows"] * has["exact"]
+    columns += ["wall time (s)"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = [r["arm"], f"{r['parameters']:,}", f"{r['non_embedding']:,}",
@@ -396,6 +399,8 @@ def markdown(results: dict) -> str:
             cells.append(_mean_sd(r["perplexity"], 2) if "perplexity" in r else "–")
         if has["accuracy"]:
             cells.append(_mean_sd(r["accuracy"], 3) if "accuracy" in r else "–")
+        if has["exact"]:
+            cells.append(_mean_sd(r["exact"], 3) if "exact" in r else "–")
         cells.append(f"{r['wall_seconds']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     budget = f"{settings['steps']:,} steps" if settings.get("steps") else f"{settings['tokens']:,} tokens"

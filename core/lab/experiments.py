@@ -12,8 +12,12 @@
   Hochreiter & Schmidhuber, 1997; Gers et al., 2000).
 - ``linear-time`` (``seqzoo.lab.linear_time``): training-step time and memory against sequence
   length, and decode time per token, for attention, Mamba, Mamba-2 and linear attention.
-- ``recall`` (``seqzoo.lab.recall``): multi-query associative recall against the number of pairs,
-  for attention, Mamba, Mamba-2 and a 1-in-4 hybrid (Arora et al., 2023).
+- ``recall`` (``seqzoo.lab.recall``): multi-query associative recall (Zoology's layout) against the
+  number of pairs, for attention, Mamba and Mamba-2 at several state sizes and a 1-in-4 hybrid,
+  with a rate sweep, three seeds and pre-registered criteria (Arora et al., 2023).
+- ``copying`` (``seqzoo.lab.copying``): exact copies of random strings against their length, in
+  and past the training range, for attention with RoPE and with hard ALiBi, the same state-space
+  models and the hybrid (Jelassi et al., 2024).
 - ``moe`` (``seqzoo.lab.moe``): a dense FFN against mixtures of experts with the same active
   parameters, and the experts' load with and without balancing.
 - ``surgery`` (``seqzoo.lab.surgery``): edits of SmolLM2-135M (YaRN, fewer K/V heads healed by
@@ -21,9 +25,10 @@
 
 Each writes ``NAME.md`` (a markdown table), ``NAME.json`` and ``NAME.png`` into the output folder.
 The text-task experiments train through ``seqzoo.train.training.train`` and score through
-``Examples``' greedy decoding; ``recall`` (the ``mqar`` task) and ``moe`` are ``seqzoo compare``
-runs (``seqzoo.lab.compare``), kept in the output folder so an interrupted one continues. Every
-seed is fixed; ``quick`` runs a tiny version in seconds (for tests). Runs use one CPU
+``Examples``' greedy decoding; ``recall`` (the ``mqar`` task), ``copying`` (the ``copying`` task)
+and ``moe`` are ``seqzoo compare`` runs (``seqzoo.lab.compare``), kept in the output folder so an
+interrupted one continues. Every seed is fixed; ``quick`` runs a tiny version in seconds (for
+tests). Runs use one CPU
 thread by default: these models are so small that extra threads mostly add synchronisation, and
 on shared cores they make a run several times slower.
 """
@@ -44,7 +49,7 @@ from ..files import write_text_atomic
 from ..io.build import build
 from ..registry import registry, tokenizer
 from ..train.training import Examples, TrainConfig, example_rng, train
-from . import linear_time, moe, recall, surgery
+from . import copying, linear_time, moe, recall, surgery
 from .plots import figure, require_matplotlib, save_figure
 from .result import ExperimentResult
 
@@ -251,16 +256,18 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "vanishing-gradients": vanishing_gradients,
     "linear-time": linear_time.linear_time,
     "recall": recall.recall,
+    "copying": copying.copying,
     "moe": moe.moe,
     "surgery": surgery.surgery,
 }
 #: Experiments that train through ``seqzoo compare``: their runs stay in the output folder, so an
 #: interrupted one continues where it stopped.
-KEEPS_RUNS = ("recall", "moe")
+KEEPS_RUNS = ("recall", "copying", "moe")
 #: Experiments that draw their own picture: name -> (draw(result, fig), (width, height) in inches).
 DRAWERS: dict[str, tuple[Callable, tuple[float, float]]] = {
     "linear-time": (linear_time.draw, (10.5, 4.0)),
-    "recall": (recall.draw, (10.0, 4.0)),
+    "recall": (recall.draw, (10.0, 4.0)),  # resized to its panels
+    "copying": (copying.draw, (10.0, 4.0)),
     "moe": (moe.draw, (10.0, 4.0)),
     "surgery": (surgery.draw, (10.0, 4.0)),
 }

@@ -1,129 +1,139 @@
-"""``seqzoo experiment recall``: multi-query associative recall (MQAR; Arora et al., 2023, "Zoology").
+"""``seqzoo experiment recall``: does a finite state lose random access? Multi-query associative
+recall (MQAR) as Zoology runs it (Arora, Eyuboglu et al., 2023), with pre-registered criteria.
 
-A sequence lists N key–value pairs, then asks for the keys again in a random order, each followed
-by its value:
+A row holds N key–value pairs, then each key once more as a query with filler around it; the label
+at a query is its value, and the answers are never in the input (the ``mqar`` task). Attention
+can look each pair up; a state-space model must have kept it in a state of fixed size, which the
+pairs overflow as N grows. That is the articles' claim: a finite state has no token-level random
+access, and attention in one layer of four brings it back.
 
-    k₁ v₁ k₂ v₂ … k_N v_N   q₁ v(q₁) q₂ v(q₂) … q_N v(q_N)
+The design (docs/experiments.md states it, and the criteria, before the results):
+- contenders at equal parameter counts (the FFN width solved per model): attention (RoPE), Mamba
+  at d_state 4, 16 and 64, Mamba-2 at 16 and 64, and, at four layers, a hybrid of Mamba-2 layers
+  with attention in every fourth;
+- two and four layers, C = 64, T = 256, N up to 64;
+- a learning-rate sweep per contender on the first seed, then three seeds at its best rate;
+- accuracy per N: the share of queried values the argmax predicts, on 1,000 held-out rows per N;
+- the verdict computed from the table by ``sweep.verdict``, the pre-registered rule.
 
-The loss and the accuracy count only the value after each queried key: to get it, the model must
-find that key among the pairs and read the token after it. Attention can look the pair up
-directly; a recurrent mixer must have kept it in a state of fixed size, which the pairs overflow
-as N grows. That is the claim under test: a finite state loses token-level random access, and one
-attention layer in four brings it back.
-
-Four decoders of the same shape and parameter count differ in their token mixers: attention
-(RoPE), Mamba, Mamba-2, and a hybrid of Mamba-2 layers with attention in every fourth. The two
-state-space mixers keep the same state size per layer (E·N floats: Mamba's E channels × 16 states,
-Mamba-2's 8 heads × 16 head dims × 16 states). Each trains on sequences whose N is drawn at every
-step from the list, with a curriculum: over the first half of the steps the list grows from N = 4
-one entry at a time. Without it, short runs stayed at a plateau where every model, attention
-included, guesses among the values not yet asked for (the answers are in the sequence) and never
-binds keys to values. Each model is scored per N on held-out sequences: the fraction of queried
-values predicted right (teacher-forced, one forward pass, argmax at each query).
-
-The task is the ``mqar`` task plugin and the runs are a ``seqzoo compare`` (one process per model
-and seed, each resumable): this module only chooses the models and the settings and reads the
-table back.
+The runs are ``seqzoo compare`` runs kept in the output folder (``layersL/runs/...``), so an
+interrupted study continues where it stopped; the result files of finished runs are what the
+figures and tables are rebuilt from.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
-import statistics
 import tempfile
 from collections.abc import Callable
 
 import torch
 
-from .compare import Arm, compare
 from .result import ExperimentResult
-
-#: Each model's overrides of the shared base; the FFN width is solved per model.
-MIXERS: dict[str, list[str]] = {
-    "attention": [],
-    "mamba": ["model.mixer={kind: mamba, state: 16, expand: 2}", "model.position=none"],
-    "mamba2": ["model.mixer={kind: mamba2, state: 16, head_dim: 16, expand: 2}", "model.position=none"],
-    "hybrid 1:4": ["model.mixer={kind: mamba2, state: 16, head_dim: 16, expand: 2}",
-                   "model.layer_types={ssm: {}, attention: {mixer: attention}}",
-                   "model.pattern=[ssm, ssm, ssm, attention]"],
-}
-#: The order runs start in: Mamba's step costs the most (~6× attention's), so its runs go first.
-SLOWEST_FIRST = ["mamba", "mamba2", "hybrid 1:4", "attention"]
-FULL = {"dim": 64, "layers": 4, "hidden": 172, "keys": 64, "pairs": [4, 8, 16, 32], "steps": 2000,
-        "batch": 64, "lr": 1e-3, "warmup": 100, "curriculum": 0.5, "eval": 256, "seeds": [0, 1]}
-QUICK = {"dim": 32, "layers": 4, "hidden": 88, "keys": 16, "pairs": [2, 4], "steps": 4, "batch": 8, "lr": 2e-3,
-         "warmup": 1, "curriculum": 0.5, "eval": 8, "seeds": [0]}
+from .sweep import Contender, state_space_contenders, study, tabulate
 
 
-def arms(shape: dict) -> list[Arm]:
-    """The four models, slowest first, as ``compare`` arms on the shared base (tiny-llama at the
-    shape's width and depth, 4 heads, no RoPE scaling, tied embeddings)."""
-    base = [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}", "model.attention.heads=4",
-            "model.attention.kv_heads=null", "model.position.scaling=null", "model.max_seq_len=512",
-            "model.tie_embeddings=true", f"model.ffn.hidden={shape['hidden']}"]
-    return [Arm(name, "tiny-llama", (*base, *MIXERS[name])) for name in ["attention", *SLOWEST_FIRST[:-1]]]
+def contenders(shape: dict, layers: int) -> list[Contender]:
+    """Attention first (every parameter count is matched to it), then the SSMs by family and state,
+    then the hybrid where the depth allows it."""
+    found = [Contender("attention", "attention", None, ()),
+             *state_space_contenders(shape["states"], shape.get("hybrid", False))]
+    return [c for c in found if layers >= c.min_layers]
+
+
+def vocabulary(needed: int) -> int:
+    """A vocabulary that holds ``needed`` ids and the recipe's bytes tokenizer's 259 (the task's
+    ids are not text, but the model is a text recipe), rounded up to a multiple of 64."""
+    return 64 * math.ceil(max(needed, 259) / 64)
+
+
+def base(shape: dict, layers: int) -> list[str]:
+    """The shared model: tiny-llama at the shape's width and depth, tied embeddings, no RoPE scaling."""
+    return [f"model.dim={shape['dim']}", f"model.layers={layers}", f"model.attention.heads={shape['heads']}",
+            "model.attention.kv_heads=null", "model.position.scaling=null", f"model.max_seq_len={shape['seq_len']}",
+            "model.tie_embeddings=true", f"model.ffn.hidden={shape['hidden']}",
+            f"model.vocab_size={vocabulary(3 + 2 * shape['keys'])}"]
 
 
 def training(shape: dict) -> list[str]:
-    """The train: section every model shares: the ``mqar`` task with its curriculum (over the first
-    ``curriculum`` of the rows), AdamW (weight decay 0.1), warm-up then cosine to 0, clip 1."""
-    rows = shape["steps"] * shape["batch"]
-    task = {"kind": "mqar", "pairs": shape["pairs"], "keys": shape["keys"],
-            "curriculum": int(shape.get("curriculum", 0.0) * rows)}
-    return [f"train.task={json.dumps(task)}", f"train.batch_size={shape['batch']}", f"train.lr={shape['lr']}",
-            f"train.warmup={shape['warmup']}", "train.weight_decay=0.1", "train.min_lr_ratio=0.0",
+    """The train: section every run shares but the rate: the ``mqar`` task, AdamW (weight decay
+    0.1), warm-up then cosine to 0, clip 1, held-out accuracy ``evals`` times per run."""
+    steps = shape["steps"]
+    task = {"kind": "mqar", "pairs": shape["pairs"], "keys": shape["keys"], "seq_len": shape["seq_len"]}
+    return [f"train.task={json.dumps(task)}", f"train.batch_size={shape['batch']}",
+            f"train.warmup={max(1, steps // 20)}", "train.weight_decay=0.1", "train.min_lr_ratio=0.0",
             "train.grad_clip=1.0", "train.beta2=0.999", f"train.eval_examples={shape['eval']}",
-            f"train.eval_every={shape['steps']}", "train.log_every=1"]
+            f"train.eval_every={max(1, steps // shape['evals'])}", f"train.log_every={max(1, steps // 100)}"]
+
+
+FULL = {"dim": 64, "heads": 2, "hidden": 256, "layers": [2, 4], "keys": 512, "pairs": [4, 8, 16, 32, 64],
+        "seq_len": 256, "steps": 4000, "batch": 64, "rates": [3e-4, 1e-3, 3e-3], "eval": 1000, "evals": 4,
+        "seeds": [0, 1, 2], "states": {"mamba": [4, 16, 64], "mamba2": [16, 64]}, "hybrid": True}
+QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "keys": 16, "pairs": [2, 4], "seq_len": 16,
+         "steps": 4, "batch": 8, "rates": [1e-3, 3e-3], "eval": 8, "evals": 1, "seeds": [0],
+         "states": {"mamba": [4]}, "hybrid": False}
 
 
 def recall(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None) -> ExperimentResult:
-    """Train each mixer on MQAR per seed with ``seqzoo compare`` (its runs kept in ``folder``/runs,
-    so an interrupted experiment continues); accuracy against the number of pairs."""
+    """Run (or continue) the study at every depth; the table, the verdicts and the figure's data."""
     shape = QUICK if quick else FULL
     folder = folder or tempfile.mkdtemp(prefix="seqzoo-recall-")
-    threads = torch.get_num_threads()
-    results = compare(arms(shape), os.path.join(folder, "recall-runs"), steps=shape["steps"], seeds=shape["seeds"],
-                      overrides=training(shape), match_params=True, threads=threads,
-                      workers=max(1, (os.cpu_count() or 1) // threads), log=log)
-    order = list(MIXERS)
-    scores: dict[str, list[list[float]]] = {name: [] for name in order}
-    curves: dict[str, list[list[float]]] = {name: [] for name in order}
-    counts: dict[str, int] = {}
-    for run in sorted(results["runs"], key=lambda r: r["seed"]):
-        groups = run["eval"]["groups"] if "groups" in run["eval"] else {f"N={shape['pairs'][0]}": run["eval"]}
-        scores[run["arm"]].append([groups[f"N={n}"]["accuracy"] for n in shape["pairs"]])
-        curves[run["arm"]].append([point["loss"] for point in run["curve"]])
-        counts[run["arm"]] = run["parameters"]
-    rows = [[name, counts[name], *[statistics.fmean(run[i] for run in runs) for i in range(len(shape["pairs"]))],
-             " / ".join(f"{run[-1]:.2f}" for run in runs)] for name, runs in scores.items()]
-    columns = ["mixer", "params", *[f"N={n}" for n in shape["pairs"]], f"N={shape['pairs'][-1]} per seed"]
-    settings = {**shape, "mixers": MIXERS, "state_floats_per_layer": {"mamba": 2 * shape["dim"] * 16,
-                                                                      "mamba2": 2 * shape["dim"] * 16},
-                "sequence": "N pairs, then the N keys again in random order, each followed by its value",
-                "optimizer": "AdamW, weight decay 0.1, clip 1.0, warm-up then cosine",
-                "curriculum_rule": "over the first `curriculum` fraction of the rows, N from a list that grows by one"}
-    data = {"pairs": shape["pairs"], "accuracy": {n: [statistics.fmean(c) for c in zip(*runs)]
-                                                 for n, runs in scores.items()},
-            "per_seed": scores, "loss": {n: [statistics.fmean(s) for s in zip(*runs)] for n, runs in curves.items()}}
-    return ExperimentResult("recall", f"MQAR: accuracy of recalled values against the number of key–value "
-                            f"pairs N ({shape['steps']} steps, mean of {len(shape['seeds'])} seed(s), equal "
-                            f"parameter counts)", columns, rows, settings, data)
+    pairs, groups = shape["pairs"], [f"N={n}" for n in shape["pairs"]]
+    rows, data, verdicts = [], {"pairs": pairs, "depths": {}}, {}
+    for layers in shape["layers"]:
+        who = contenders(shape, layers)
+        found = study(who, base(shape, layers), training(shape), rates=shape["rates"], seeds=shape["seeds"],
+                      steps=shape["steps"], folder=os.path.join(folder, f"layers{layers}"), metric="accuracy",
+                      log=log, threads=torch.get_num_threads())
+        depth, depth_rows = tabulate(who, found, groups, "accuracy", pairs, dim=shape["dim"], reference="attention")
+        verdicts[layers] = depth["verdict"], depth["reasons"]
+        rows += [[layers, *row] for row in depth_rows]
+        data["depths"][str(layers)] = depth
+    columns = ["layers", "model", "state floats / layer", "params", "best lr",
+               *[f"N={n} ({n * math.log2(shape['keys']):.0f} bits)" for n in pairs], f"N={pairs[-1]} per seed"]
+    overall = overall_verdict([v for v, _ in verdicts.values()])
+    data["verdict"] = overall
+    settings = {**shape, "bits_per_value": math.log2(shape["keys"]), "vocab_size": vocabulary(3 + 2 * shape["keys"]),
+                "layout": "Zoology: N pairs, then each key once in a power-law query slot; answers never in the input",
+                "optimizer": "AdamW, weight decay 0.1, clip 1.0, beta2 0.999, warm-up 5% then cosine to 0",
+                "rate_choice": "the best mean accuracy over N on seed 0, then every seed at that rate"}
+    notes = [f"{layers} layers: {v} — " + "; ".join(reasons) for layers, (v, reasons) in verdicts.items()]
+    return ExperimentResult("recall", f"MQAR (Zoology layout): accuracy against N pairs at equal parameter counts, "
+                            f"{shape['steps']} steps, best rate of {len(shape['rates'])}, {len(shape['seeds'])} "
+                            f"seed(s) — verdict: {overall}", columns, rows, settings, data, notes)
+
+
+def overall_verdict(verdicts: list[str]) -> str:
+    """The pre-registered rule across depths: invalid if any depth is, supported only if every depth
+    supports the claim, not supported if any depth does not, inconclusive otherwise."""
+    if "invalid" in verdicts:
+        return "invalid"
+    if all(v == "supported" for v in verdicts):
+        return "supported"
+    return "not supported" if "not supported" in verdicts else "inconclusive"
 
 
 def draw(result: ExperimentResult, fig) -> None:
-    """Accuracy against N, and the training loss (smoothed) against steps."""
+    """Accuracy against N: one row of panels per depth, one panel per state size, one line per model
+    (attention and the hybrid in every panel)."""
     data = result.data
-    left, right = fig.subplots(1, 2)
-    for name, values in data["accuracy"].items():
-        left.plot(data["pairs"], values, marker="o", ms=4, label=name)
-    left.set_xscale("log", base=2)
-    left.set_xticks(data["pairs"], [str(n) for n in data["pairs"]])
-    left.set(xlabel="key–value pairs N", ylabel="recall accuracy", ylim=(-0.02, 1.02))
-    for name, loss in data["loss"].items():
-        window = max(1, len(loss) // 50)
-        smooth = [statistics.fmean(loss[max(0, i - window):i + 1]) for i in range(len(loss))]
-        right.plot(range(1, len(loss) + 1), smooth, label=name)
-    right.set(xlabel="training step", ylabel="loss at the queries")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    depths = list(data["depths"])
+    states = sorted({s for d in data["depths"].values() for n, s in d["state"].items()
+                     if s is not None and d["family"][n] != "hybrid"})
+    fig.set_size_inches(max(10.0, 4.2 * len(states)), 4.0 * len(depths))
+    axes = fig.subplots(len(depths), max(1, len(states)), squeeze=False)
+    for row, layers in zip(axes, depths):
+        depth = data["depths"][layers]
+        for ax, state in zip(row, states):
+            for name, means in depth["means"].items():
+                family = depth["family"][name]
+                if family in ("attention", "hybrid") or depth["state"][name] == state:
+                    ax.plot(data["pairs"], means, marker="o", ms=4, label=name,
+                            ls="--" if family in ("attention", "hybrid") else "-")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(data["pairs"], [str(n) for n in data["pairs"]])
+            ax.set(xlabel="key–value pairs N", ylabel="recall accuracy", ylim=(-0.02, 1.02),
+                   title=f"{layers} layers, SSM state N={state}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)

@@ -157,12 +157,19 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     where a position carries no loss. ``chunk_rows``: rows per chunk (default: about
     ``CHUNK_ELEMENTS`` logits per chunk). The gradients are computed during the forward, so
     autograd keeps (N, C) + (V, C) floats instead of the (N, V) logits; there is no double
-    backward. Under ``torch.compile`` the check for extreme logits is a graph break.
+    backward. Under ``torch.compile`` the check for extreme logits is a graph break. When fewer
+    than half the positions carry a label, only those rows go through the head (not under
+    ``torch.compile``, whose shapes must not depend on the data).
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     targets = targets.reshape(-1)
     if targets.shape[0] != hidden.shape[0]:
         raise ValueError(f"targets hold {targets.shape[0]} positions but hidden holds {hidden.shape[0]}")
+    labelled = targets != ignore_index
+    if not torch.compiler.is_compiling() and int(labelled.sum()) * 2 < targets.shape[0]:
+        # Mostly ignored positions (recall queries, copies, prompt-masked answers): only the
+        # labelled rows go through the head; the mean is over them either way.
+        hidden, targets = hidden[labelled], targets[labelled]
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
     inputs = (hidden, weight) if bias is None else (hidden, weight, bias)
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):

@@ -67,7 +67,8 @@ class TokenExamples:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, config: TrainConfig, device: torch.device) -> dict:
         """Held-out loss (mean over labelled tokens) and perplexity, overall and per group; with the
-        task's ``token_accuracy``, the share of labelled tokens predicted by argmax too. The same
+        task's ``token_accuracy``, the share of labelled tokens predicted by argmax too, and with its
+        ``exact_match`` the share of rows predicted right at every labelled token. The same
         rows every time, on every rank (so sharded models step together)."""
         was_training = model.training
         model.eval()
@@ -76,14 +77,17 @@ class TokenExamples:
             batch = _to(batch, device)
             labels = batch["labels"]
             count = int((labels != IGNORE).sum())
-            group = groups.setdefault(name, {"loss_sum": 0.0, "tokens": 0, "hits": 0})
-            if self.task.token_accuracy or not self.fused_loss:
+            group = groups.setdefault(name, {"loss_sum": 0.0, "tokens": 0, "hits": 0, "rows": 0, "exact": 0})
+            if self.task.token_accuracy or self.task.exact_match or not self.fused_loss:
                 extra = {k: batch[k] for k in EXTRA_INPUTS if k in batch}
                 logits = model(batch["ids"], **extra).float()  # (B, T, V)
                 group["loss_sum"] += F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
                                                      reduction="sum").item()
                 chosen = labels != IGNORE
-                group["hits"] += int((logits.argmax(-1)[chosen] == labels[chosen]).sum())
+                right = logits.argmax(-1) == labels  # (B, T)
+                group["hits"] += int(right[chosen].sum())
+                group["exact"] += int((right | ~chosen).all(-1).sum())
+                group["rows"] += labels.shape[0]
             else:
                 group["loss_sum"] += self.loss(model, batch).item() * count
             group["tokens"] += count
@@ -99,6 +103,10 @@ class TokenExamples:
             for name, g in groups.items():
                 scored[name]["accuracy"] = g["hits"] / g["tokens"]
             result["accuracy"] = sum(s["accuracy"] for s in scored.values()) / len(scored)
+        if self.task.exact_match:
+            for name, g in groups.items():
+                scored[name]["exact"] = g["exact"] / g["rows"]
+            result["exact"] = sum(s["exact"] for s in scored.values()) / len(scored)
         if len(groups) > 1:
             result["groups"] = scored
         return result

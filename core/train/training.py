@@ -288,6 +288,8 @@ def held_out_summary(result: dict) -> str:
         text += f" (perplexity {result['perplexity']:.2f})"
     if "accuracy" in result:  # exact match of greedy answers (pair tasks), of argmax tokens (token tasks)
         text += f", {'accuracy' if 'perplexity' in result else 'exact match'} {result['accuracy']:.3f}"
+    if "exact" in result:  # rows right at every labelled token (token tasks with exact_match)
+        text += f", exact rows {result['exact']:.3f}"
     if "masked_accuracy" in result:
         text += f", masked accuracy {result['masked_accuracy']:.3f}"
     return text

@@ -18,6 +18,8 @@ from torch import Tensor
 from seqzoo.interfaces import PositionBias
 from seqzoo.registry import builtin
 
+from ._distance import distance_at, relative_distance
+
 
 def alibi_slopes(heads: int) -> list[float]:
     """The per-head slopes m_1..m_n for n = ``heads``, in head order (not monotone unless n = 2^k)."""
@@ -26,12 +28,6 @@ def alibi_slopes(heads: int) -> list[float]:
     # The odd-indexed slopes of 2·closest heads fill the remaining heads.
     slopes += [2.0 ** (-4.0 * (2 * h - 1) / closest) for h in range(1, heads - closest + 1)]
     return slopes
-
-
-def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """p_i − p_j for q_pos (B|1, T) or (T,) and k_pos (B|1, S) or (S,) -> (B|1, T, S), int64."""
-    q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
-    return q_pos[:, :, None] - k_pos[:, None, :]
 
 
 @builtin("per-head linear distance bias −m_h·|i−j|, no embeddings (Press 2022)")
@@ -56,11 +52,9 @@ class Alibi(PositionBias):
     def score_mod(self, q_pos: Tensor, k_pos: Tensor, prepared: object = None):
         """The same bias for FlexAttention, one logit at a time: score − m_h·|q_pos_i − k_pos_j|."""
         slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_pos.device)  # (H,)
-        q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
-        q_rows, k_rows = q_pos.shape[0] > 1, k_pos.shape[0] > 1
+        distance = distance_at(q_pos, k_pos)
 
         def alibi(score, b, h, q, kv):
-            distance = (q_pos[b if q_rows else 0, q] - k_pos[b if k_rows else 0, kv]).abs()
-            return score - slopes[h] * distance.to(torch.float32)
+            return score - slopes[h] * distance(b, q, kv)
 
         return alibi

@@ -9,7 +9,7 @@ from torch import nn
 import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import IGNORE
-from seqzoo.plugins.task.mqar import allowed_pairs, mqar_rows
+from seqzoo.plugins.task.mqar import allowed_pairs, mqar_rows, query_slot_weights
 from seqzoo.train.objectives import examples_for
 from seqzoo.train.training import TrainConfig
 
@@ -22,29 +22,43 @@ def make(**params):
     return task
 
 
-def test_rows_list_pairs_then_ask_every_key_once_with_its_value_as_the_label():
-    ids, labels = mqar_rows(5, 6, 10, 3, torch.Generator().manual_seed(3))
-    assert ids.shape == labels.shape == (5, 24)
+def test_rows_list_pairs_then_ask_every_key_once_in_a_filler_slot_with_its_value_only_as_the_label():
+    ids, labels = mqar_rows(5, 6, 10, 3, torch.Generator().manual_seed(3), seq_len=40)
+    assert ids.shape == labels.shape == (5, 40)
     for row, label in zip(ids.tolist(), labels.tolist()):
         keys, values = row[0:12:2], row[1:12:2]
         assert len(set(keys)) == 6 and all(3 <= k < 13 for k in keys)
-        assert all(13 <= v < 23 for v in values)
+        assert len(set(values)) == 6 and all(13 <= v < 23 for v in values)  # distinct, upper half
         pairs = dict(zip(keys, values))
-        asked, answers = row[12::2], row[13::2]
-        assert sorted(asked) == sorted(keys)  # every key asked once, in some order
-        assert answers == [pairs[k] for k in asked]
-        # a label at each queried key (its value, the next token), none anywhere else
-        assert [t for t in label if t != IGNORE] == answers
-        assert all(label[i] == IGNORE for i in range(24) if not (i >= 12 and i % 2 == 0))
+        queries = [i for i in range(12, 40) if row[i] != 0]
+        assert all(i % 2 == 0 for i in queries)  # queries sit at even offsets after the context
+        assert sorted(row[i] for i in queries) == sorted(keys)  # every key asked once
+        assert all(row[i] == 0 for i in range(12, 40) if i not in queries)  # filler elsewhere
+        assert not set(row[12:]) & set(values)  # the answers are never part of the input
+        # a label at each query (its key's value), none anywhere else
+        assert {i: t for i, t in enumerate(label) if t != IGNORE} == {i: pairs[row[i]] for i in queries}
 
 
 def test_a_hand_checked_row():
-    """N = 2, keys 3..4, values 5..6: k₁ v₁ k₂ v₂ then both keys again; labels only at the asked keys."""
+    """N = 2, keys 3..4, values 5..6, T = 8: the context, then both keys in the two slots (4 and 6)."""
     ids, labels = mqar_rows(1, 2, 2, 3, torch.Generator().manual_seed(0))
-    k1, v1, k2, v2, q1, a1, q2, a2 = ids[0].tolist()
-    assert {k1, k2} == {3, 4} and {q1, q2} == {3, 4} and 5 <= v1 <= 6 and 5 <= v2 <= 6
-    assert a1 == (v1 if q1 == k1 else v2) and a2 == (v1 if q2 == k1 else v2)
+    k1, v1, k2, v2, q1, f1, q2, f2 = ids[0].tolist()
+    assert {k1, k2} == {3, 4} and {v1, v2} == {5, 6} and {q1, q2} == {3, 4} and f1 == f2 == 0
+    a1, a2 = (v1 if q1 == k1 else v2), (v1 if q2 == k1 else v2)
     assert labels[0].tolist() == [IGNORE] * 4 + [a1, IGNORE, a2, IGNORE]
+
+
+def test_query_slots_follow_the_power_law_most_queries_close_to_the_context():
+    weights = query_slot_weights(4, 0.5)
+    assert torch.allclose(weights, torch.tensor([1.0, 2 ** -0.5, 3 ** -0.5, 0.5], dtype=torch.float64))
+    # one query among 60 slots at a = 0.01: slot s has chance ~ 1/(s+1) / H_60, so slot 0 about 21%
+    ids, _ = mqar_rows(4000, 1, 8, 3, torch.Generator().manual_seed(1), seq_len=122)
+    slot = ((ids[:, 2:] != 0).float().argmax(1)) // 2
+    weights = query_slot_weights(60, 0.01)
+    expected = (weights / weights.sum()).float()
+    observed = torch.bincount(slot, minlength=60).float() / 4000
+    assert abs(observed[0] - expected[0]) < 0.02 and abs(observed[:10].sum() - expected[:10].sum()) < 0.03
+    assert observed[30:].sum() < 0.25
 
 
 def test_the_curriculum_adds_one_n_per_stage_then_draws_from_all():
@@ -54,7 +68,8 @@ def test_the_curriculum_adds_one_n_per_stage_then_draws_from_all():
     assert stages == [[4], [4], [4, 8], [4, 8, 16], [4, 8, 16], pairs, pairs]
     assert allowed_pairs(pairs, 0, 0) == pairs
     task = make(pairs=[2, 4], keys=8, curriculum=100)
-    assert {task.batch(start, 3)["ids"].shape[1] for start in range(0, 50, 5)} == {8}  # N = 2 only, at first
+    contexts = {int((task.batch(start, 3)["labels"] != IGNORE).sum(1).max()) for start in range(0, 50, 5)}
+    assert contexts == {2}  # N = 2 only, at first
     assert task.batch(7, 3)["ids"].equal(make(pairs=[2, 4], keys=8, curriculum=100).batch(7, 3)["ids"])
 
 
@@ -62,7 +77,7 @@ def test_held_out_rows_come_in_one_group_per_n_and_are_the_same_every_time():
     task = make(pairs=[2, 4], keys=8)
     groups = list(task.held_out(5, 4))
     assert [(name, batch["ids"].shape) for name, batch in groups] == [
-        ("N=2", (4, 8)), ("N=2", (1, 8)), ("N=4", (4, 16)), ("N=4", (1, 16))]
+        ("N=2", (4, 16)), ("N=2", (1, 16)), ("N=4", (4, 16)), ("N=4", (1, 16))]  # one T for every N
     again = list(task.held_out(5, 4))
     assert all(a[1]["ids"].equal(b[1]["ids"]) for a, b in zip(groups, again))
 
@@ -79,12 +94,13 @@ class Oracle(nn.Module):
 
     def forward(self, ids, targets=None, **kwargs):
         logits = torch.zeros(*ids.shape, 259)
-        b, t = ids.shape
-        n = t // 4
-        for row in range(b):
-            pairs = {ids[row, 2 * i].item(): ids[row, 2 * i + 1].item() for i in range(n)}
-            for i in range(2 * n, t, 2):
-                logits[row, i, pairs[ids[row, i].item()] + int(self.wrong)] = 10.0
+        for row in range(ids.shape[0]):
+            tokens = ids[row].tolist()
+            n = tokens.index(0) // 2  # the first filler follows the context (or the query in slot 0)
+            pairs = {tokens[2 * i]: tokens[2 * i + 1] for i in range(n)}
+            for i in range(2 * n, len(tokens)):
+                if tokens[i] in pairs:
+                    logits[row, i, pairs[tokens[i]] + int(self.wrong)] = 10.0
         return logits
 
 
@@ -109,3 +125,7 @@ def test_bad_settings_are_refused():
     task = seqzoo.registry().create("task", {"kind": "mqar", "keys": 200})
     with pytest.raises(ConfigError, match=r"ids 3\.\.402, beyond the model's vocab_size=259"):
         task.bind(BYTES, 259, seed=0)
+    with pytest.raises(ConfigError, match=r"seq_len=12 cannot hold N=4 pairs and their queries"):
+        seqzoo.registry().create("task", {"kind": "mqar", "pairs": [2, 4], "keys": 8, "seq_len": 12})
+    with pytest.raises(ConfigError, match=r"filler=5 is one of the key/value ids 3\.\.18"):
+        seqzoo.registry().create("task", {"kind": "mqar", "pairs": [2], "keys": 8, "filler": 5})

@@ -1,0 +1,209 @@
+"""The shared design of the recall and copying studies (``seqzoo experiment recall | copying``):
+contenders at equal parameter counts, a learning-rate sweep per contender on the first seed, every
+seed at the best rate, and a score per group of held-out rows (N pairs, string length).
+
+Both phases are ``seqzoo compare`` runs in one folder, so an interrupted study continues where it
+stopped and the first seed's run at the best rate is not trained twice: a run is named by its
+contender and rate, and compare keeps what has finished. The FFN width of every contender is
+solved to the first contender's parameter count, which does not depend on the rate, so both phases
+resolve to the same recipes.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .compare import Arm, compare
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One model of a study: its family (attention, mamba, mamba2, hybrid), the SSM's d_state N
+    (None for attention), the overrides of the shared base, and the fewest layers it can have (a
+    hybrid with attention in one layer of four needs four)."""
+
+    name: str
+    family: str
+    state: int | None
+    overrides: tuple[str, ...]
+    min_layers: int = 1
+
+    @property
+    def pure_ssm(self) -> bool:
+        return self.family in ("mamba", "mamba2")
+
+
+def state_floats(contender: Contender, dim: int, expand: int = 2) -> int | None:
+    """The recurrent state an SSM layer carries between tokens, in floats: E·N for the E = expand·C
+    channels (Mamba) or heads × head dim (Mamba-2) and d_state N; None for attention, whose KV cache
+    grows with the sequence. (The causal convolution's window of d_conv − 1 inputs is on top.)"""
+    return None if contender.state is None else expand * dim * contender.state
+
+
+def run_name(contender: Contender, rate: float) -> str:
+    return f"{contender.name} · lr {rate:g}"
+
+
+def score(run: dict, metric: str) -> dict[str, float]:
+    """A finished run's held-out ``metric`` per group (``{"N=4": 0.97, ...}``)."""
+    evaluation = run["eval"]
+    groups = evaluation.get("groups")
+    return {name: group[metric] for name, group in groups.items()} if groups else {"all": evaluation[metric]}
+
+
+def study(contenders: list[Contender], base: list[str], training: list[str], *, rates: list[float],
+          seeds: list[int], steps: int, folder: str, metric: str, log: Callable[[str], None] = print,
+          threads: int = 1) -> dict:
+    """Sweep ``rates`` for every contender on ``seeds[0]``, then train every seed at each
+    contender's best rate (the highest mean ``metric`` over the groups; ties to the lower loss).
+
+    Returns {"sweep": {name: {rate: mean score}}, "best": {name: rate}, "runs": {name: [runs of
+    every seed at the best rate]}, "parameters": {name: count}}. ``training`` is the shared
+    ``train.`` overrides without the rate, which each run adds."""
+    workers = max(1, (os.cpu_count() or 1) // threads)
+
+    def arms(choice: dict[str, list[float]]) -> list[Arm]:
+        return [Arm(run_name(c, rate), "tiny-llama", (*base, *c.overrides, f"train.lr={rate}"))
+                for c in contenders for rate in choice[c.name]]
+
+    common = {"steps": steps, "overrides": training, "match_params": True, "threads": threads,
+              "workers": workers, "log": log}
+    swept = compare(arms({c.name: rates for c in contenders}), folder, seeds=seeds[:1], **common)
+    by_name = {run["arm"]: run for run in swept["runs"]}
+    sweep, best = {}, {}
+    for c in contenders:
+        sweep[c.name] = {rate: statistics.fmean(score(by_name[run_name(c, rate)], metric).values()) for rate in rates}
+        best[c.name] = max(rates, key=lambda rate: (sweep[c.name][rate], -by_name[run_name(c, rate)]["eval"]["loss"]))
+    final = compare(arms({c.name: [best[c.name]] for c in contenders}), folder, seeds=seeds, **common)
+    runs: dict[str, list[dict]] = {c.name: [] for c in contenders}
+    parameters = {}
+    for run in sorted(final["runs"], key=lambda r: r["seed"]):
+        name = run["arm"].rsplit(" · lr ", 1)[0]
+        runs[name].append(run)
+        parameters[name] = run["parameters"]
+    return {"sweep": sweep, "best": best, "runs": runs, "parameters": parameters}
+
+
+def per_group(runs: list[dict], metric: str) -> dict[str, list[float]]:
+    """{group: [each seed's value]} over a contender's runs."""
+    table: dict[str, list[float]] = {}
+    for run in runs:
+        for group, value in score(run, metric).items():
+            table.setdefault(group, []).append(value)
+    return table
+
+
+def first_below(curve: list[float], xs: list[int], threshold: float) -> float:
+    """The first x at which the curve drops below ``threshold``; infinity when it never does."""
+    return next((x for x, y in zip(xs, curve) if y < threshold), float("inf"))
+
+
+#: The pre-registered thresholds (docs/experiments.md states them before any result).
+SOLVED, GAP, CLOSE, HOLDS = 0.99, 0.2, 0.05, 0.9
+
+
+def falls(curve: list[float]) -> bool:
+    """Whether a curve falls with x: its last value more than CLOSE below its first, and no step up
+    larger than CLOSE (seed noise) on the way."""
+    return curve[-1] < curve[0] - CLOSE and all(b <= a + CLOSE for a, b in zip(curve, curve[1:]))
+
+
+def verdict(contenders: list[Contender], means: dict[str, list[float]], reference_seeds: list[list[float]],
+            xs: list[int], *, reference: str, checked: list[int] | None = None) -> tuple[str, list[str]]:
+    """Apply the pre-registered criteria to one table -> (verdict, the reasons, one line each).
+
+    ``means[name]``: a contender's mean score at each x (N or length, ascending); ``reference_seeds``:
+    the reference's (attention's) score at each x, per seed; ``checked``: the x at which the
+    reference must be solved for the table to count (default: every x).
+    - invalid: the reference is below SOLVED at a checked x in some seed;
+    - not supported: a pure SSM at its family's smallest state stays within CLOSE of the reference
+      at every x;
+    - supported: every pure SSM falls with x and ends at least GAP below the reference at the
+      largest x; within each family, the first x below HOLDS does not shrink as the state grows
+      and is larger at the largest state than at the smallest; and every hybrid stays within
+      CLOSE of the reference at every x;
+    - inconclusive: anything else.
+    """
+    checked = xs if checked is None else checked
+    failed = [(seed, x, run[xs.index(x)]) for seed, run in enumerate(reference_seeds) for x in checked
+              if run[xs.index(x)] < SOLVED]
+    if failed:
+        seed, x, value = failed[0]
+        return "invalid", [f"{reference} reaches {value:.3f} < {SOLVED} at {x} in seed #{seed}: raise the budget; "
+                           f"no comparison is reported"]
+    ref = means[reference]
+    ssms = [c for c in contenders if c.pure_ssm]
+    families = {c.family: sorted((s for s in ssms if s.family == c.family), key=lambda s: s.state) for c in ssms}
+    for family, members in families.items():
+        smallest = members[0]
+        if all(abs(a - b) <= CLOSE for a, b in zip(means[smallest.name], ref)):
+            return "not supported", [f"{smallest.name} (the smallest {family} state) stays within {CLOSE} of "
+                                     f"{reference} at every x"]
+    reasons, ok = [], True
+    for c in ssms:
+        gap = ref[-1] - means[c.name][-1]
+        good = falls(means[c.name]) and gap >= GAP
+        ok &= good
+        reasons.append(f"{c.name}: {'falls' if falls(means[c.name]) else 'does not fall'} with x; "
+                       f"{gap:+.3f} below {reference} at x = {xs[-1]} ({'≥' if gap >= GAP else '<'} {GAP})")
+    for family, members in families.items():
+        if len(members) < 2:
+            continue
+        onsets = [first_below(means[m.name], xs, HOLDS) for m in members]
+        grows = all(b >= a for a, b in zip(onsets, onsets[1:])) and onsets[-1] > onsets[0]
+        ok &= grows
+        reasons.append(f"{family}: first x below {HOLDS} by state " + ", ".join(
+            f"N={m.state}: {'never' if o == float('inf') else o}" for m, o in zip(members, onsets))
+                       + (" (grows)" if grows else " (does not grow)"))
+    for c in contenders:
+        if c.family == "hybrid":
+            worst = max(abs(a - b) for a, b in zip(means[c.name], ref))
+            ok &= worst <= CLOSE
+            reasons.append(f"{c.name}: at most {worst:.3f} from {reference} ({'≤' if worst <= CLOSE else '>'} {CLOSE})")
+    return ("supported" if ok else "inconclusive"), reasons
+
+
+def state_space_contenders(states: dict[str, list[int]], hybrid: bool) -> list[Contender]:
+    """Mamba and Mamba-2 (expand 2; Mamba-2 heads of 16) at each d_state of ``states``, without
+    position scheme, and optionally the hybrid: Mamba-2 (N = 16) with attention in every fourth
+    layer."""
+    found = []
+    for state in states.get("mamba", []):
+        found.append(Contender(f"mamba N={state}", "mamba", state,
+                               (f"model.mixer={{kind: mamba, state: {state}, expand: 2}}", "model.position=none")))
+    for state in states.get("mamba2", []):
+        found.append(Contender(f"mamba2 N={state}", "mamba2", state,
+                               (f"model.mixer={{kind: mamba2, state: {state}, head_dim: 16, expand: 2}}",
+                                "model.position=none")))
+    if hybrid:
+        found.append(Contender("hybrid 1:4", "hybrid", 16,
+                               ("model.mixer={kind: mamba2, state: 16, head_dim: 16, expand: 2}",
+                                "model.layer_types={ssm: {}, attention: {mixer: attention}}",
+                                "model.pattern=[ssm, ssm, ssm, attention]"), min_layers=4))
+    return found
+
+
+def tabulate(who: list[Contender], found: dict, groups: list[str], metric: str, xs: list[int], *, dim: int,
+             reference: str, checked: list[int] | None = None) -> tuple[dict, list[list]]:
+    """One depth of a study -> (its data: means, every seed's value, the sweep, the best rates,
+    each contender's family and state, the verdict and its reasons; its table rows: model, state
+    floats per layer, parameters, best rate, mean ± sd per group, every seed at the last group)."""
+    table = {c.name: per_group(found["runs"][c.name], metric) for c in who}
+    means = {name: [statistics.fmean(values[g]) for g in groups] for name, values in table.items()}
+    by_seed = [list(values) for values in zip(*[table[reference][g] for g in groups])]  # seed -> per group
+    outcome, reasons = verdict(who, means, by_seed, xs, reference=reference, checked=checked)
+    rows = []
+    for c in who:
+        spread = [statistics.pstdev(table[c.name][g]) for g in groups]
+        rows.append([c.name, state_floats(c, dim) or "KV cache", found["parameters"][c.name],
+                     f"{found['best'][c.name]:g}",
+                     *[f"{m:.3f} ± {s:.3f}" for m, s in zip(means[c.name], spread)],
+                     " / ".join(f"{v:.2f}" for v in table[c.name][groups[-1]])])
+    data = {"means": means, "per_seed": table,
+            "sweep": {name: {f"{rate:g}": value for rate, value in rates.items()}
+                      for name, rates in found["sweep"].items()},
+            "best": found["best"], "family": {c.name: c.family for c in who}, "state": {c.name: c.state for c in who},
+            "verdict": outcome, "reasons": reasons}
+    return data, rows

@@ -1,0 +1,69 @@
+"""The recall and copying studies' shared design (seqzoo.lab.sweep): the pre-registered verdict
+against hand-made tables, one per outcome, and the state sizes the tables report."""
+from __future__ import annotations
+
+import pytest
+
+from seqzoo.lab.recall import overall_verdict
+from seqzoo.lab.sweep import Contender, falls, first_below, state_floats, state_space_contenders, verdict
+
+XS = [4, 8, 16, 32, 64]
+WHO = [Contender("attention", "attention", None, ()), *state_space_contenders({"mamba": [4, 16], "mamba2": [16]},
+                                                                               hybrid=True)]
+SOLVED = [[1.0] * 5, [0.995, 1.0, 1.0, 0.999, 0.99], [1.0] * 5]  # three seeds of attention
+
+
+def table(**curves):
+    means = {"attention": [sum(s[i] for s in SOLVED) / 3 for i in range(5)], "hybrid 1:4": [1.0, 1.0, 0.99, 0.98, 0.97]}
+    means.update({name.replace("_", " ").replace("mamba2 ", "mamba2 N=").replace("mamba ", "mamba N="): c
+                  for name, c in curves.items()})
+    return means
+
+
+SUPPORTED = table(mamba_4=[0.95, 0.8, 0.5, 0.2, 0.05], mamba_16=[1.0, 0.98, 0.85, 0.5, 0.2],
+                  mamba2_16=[1.0, 0.95, 0.8, 0.4, 0.1])
+
+
+def test_a_table_where_every_criterion_holds_is_supported():
+    outcome, reasons = verdict(WHO, SUPPORTED, SOLVED, XS, reference="attention")
+    assert outcome == "supported"
+    assert "mamba: first x below 0.9 by state N=4: 8, N=16: 16 (grows)" in reasons
+    assert any(r.startswith("hybrid 1:4: at most 0.027") for r in reasons)
+
+
+def test_attention_unsolved_in_one_seed_makes_the_table_invalid():
+    seeds = [list(s) for s in SOLVED]
+    seeds[2][3] = 0.97
+    outcome, reasons = verdict(WHO, SUPPORTED, seeds, XS, reference="attention")
+    assert outcome == "invalid" and reasons == [
+        "attention reaches 0.970 < 0.99 at 32 in seed #2: raise the budget; no comparison is reported"]
+    # the copying study checks only the lengths inside the training range
+    assert verdict(WHO, SUPPORTED, seeds, XS, reference="attention", checked=[4, 8])[0] == "supported"
+
+
+def test_a_small_state_that_keeps_up_with_attention_is_not_supported():
+    means = dict(SUPPORTED, **{"mamba N=4": [1.0, 0.99, 0.98, 0.97, 0.96]})
+    outcome, reasons = verdict(WHO, means, SOLVED, XS, reference="attention")
+    assert outcome == "not supported" and "mamba N=4 (the smallest mamba state)" in reasons[0]
+
+
+@pytest.mark.parametrize("change", [
+    {"mamba N=16": [0.8, 0.7, 0.6, 0.5, 0.4]},              # the larger state drops below 0.9 sooner
+    {"mamba N=4": [0.9, 0.9, 0.9, 0.9, 0.85]},              # does not fall far enough, nor 0.2 below at N = 64
+    {"hybrid 1:4": [1.0, 0.9, 0.8, 0.7, 0.6]},              # the hybrid does not bring recall back
+    {"mamba2 N=16": [0.3, 0.9, 0.2, 0.1, 0.05]},            # rises by more than noise on the way
+])
+def test_anything_else_is_inconclusive(change):
+    assert verdict(WHO, dict(SUPPORTED, **change), SOLVED, XS, reference="attention")[0] == "inconclusive"
+
+
+def test_helpers_and_the_rule_across_depths():
+    assert falls([1.0, 0.97, 0.99, 0.5]) and not falls([1.0, 0.9, 0.97]) and not falls([0.5, 0.6, 0.2 + 0.31])
+    assert first_below([1.0, 0.95, 0.7], [4, 8, 16], 0.9) == 16 and first_below([1.0], [4], 0.9) == float("inf")
+    mamba, mamba2 = WHO[1], WHO[3]
+    assert state_floats(mamba, 64) == 2 * 64 * 4 and state_floats(mamba2, 64) == 2 * 64 * 16
+    assert state_floats(WHO[0], 64) is None
+    assert overall_verdict(["supported", "supported"]) == "supported"
+    assert overall_verdict(["supported", "not supported"]) == "not supported"
+    assert overall_verdict(["supported", "inconclusive"]) == "inconclusive"
+    assert overall_verdict(["not supported", "invalid"]) == "invalid"
