@@ -416,13 +416,13 @@ def mamba_steps(table: Table, m: MambaShapes, label: str, sequential_too: bool) 
     return ours, attention
 
 
-def bench_mamba(table: Table, quick: bool) -> None:
+def bench_mamba(table: Table, quick: bool, sequential: bool = True) -> None:
     """Mamba's training step against transformers' own paths on the same weights (its sequential
     loop, and mambapy's parallel scan), against a LLaMA-shaped attention model of the same size, at
     the benchmark's shape and the recall experiment's; decode time per token at two contexts;
     prefill peak memory against attention."""
     m = MAMBA_QUICK if quick else MambaShapes()
-    ours, attention = mamba_steps(table, m, "", sequential_too=True)
+    ours, attention = mamba_steps(table, m, "", sequential_too=sequential)
     mamba_steps(table, MAMBA_QUICK if quick else RECALL_SHAPE, " (recall shape)", sequential_too=False)
     short, long = m.contexts
     for name, model in (("Mamba", ours.eval()), ("attention", attention.eval())):
@@ -658,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*",
                         choices=["training", "generation", "additive", "import", "compile", "mamba", "moe", "mla",
                                  "decoding", "flex"])
+    parser.add_argument("--no-sequential", action="store_true",
+                        help="skip transformers' sequential Mamba step (one step takes minutes on 2 cores)")
     parser.add_argument("--worker", choices=TRAINEES, help=argparse.SUPPRESS)  # one isolated training run
     parser.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -680,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     if "compile" in wanted:
         bench_compile(table, shapes)
     if "mamba" in wanted:
-        bench_mamba(table, args.quick)
+        bench_mamba(table, args.quick, sequential=not args.no_sequential)
     if "moe" in wanted:
         bench_moe(table, shapes, args.quick)
     if "mla" in wanted:
