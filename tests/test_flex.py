@@ -199,6 +199,10 @@ def blocks_of_eight(monkeypatch):
 
     monkeypatch.setattr(attention, "BLOCKWISE_FROM", 8)
     monkeypatch.setattr(attention, "BLOCK_QUERIES", 8)
+    # blocks shrink (8 -> 4 -> 2 queries) once a block would read more than 160 logits per head:
+    # a 40-token causal sequence takes blocks of every size
+    monkeypatch.setattr(attention, "BLOCK_LOGITS", 160)
+    monkeypatch.setattr(attention, "MIN_BLOCK", 2)
     calls, blockwise = [], attention.MultiHeadAttention._blockwise
     monkeypatch.setattr(attention.MultiHeadAttention, "_blockwise",
                         lambda *a: calls.append(1) or blockwise(*a))

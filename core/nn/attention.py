@@ -25,11 +25,15 @@ from .cache import KVCache, KVSlice
 from .linear import Linear
 
 #: Training on the materialised path (where flex cannot run: the CPU) splits a sequence of at
-#: least ``BLOCKWISE_FROM`` queries into blocks of ``BLOCK_QUERIES``, each against only the keys
-#: its mask can reach, and recomputes each block in the backward instead of keeping its logits:
-#: memory grows with the block, not with T (measured in docs/performance.md).
+#: least ``BLOCKWISE_FROM`` queries into blocks, each against only the keys its mask can reach,
+#: and recomputes each block in the backward instead of keeping its logits: memory grows with the
+#: block, not with T. A block holds ``BLOCK_QUERIES`` queries, halved (down to ``MIN_BLOCK``)
+#: while its queries × keys exceed ``BLOCK_LOGITS``: a windowed layer keeps large blocks, a fully
+#: causal one takes smaller ones as its keys grow (measured in docs/performance.md).
 BLOCKWISE_FROM = 2048
 BLOCK_QUERIES = 512
+MIN_BLOCK = 64
+BLOCK_LOGITS = 256 * 8192
 
 
 @dataclass(frozen=True)
@@ -225,20 +229,35 @@ class MultiHeadAttention(Mixer):
         return self.softcap is not None or self.sinks is not None or biased or context.masked
 
     def _blockwise(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor:
-        """The materialised path one block of ``BLOCK_QUERIES`` queries at a time, each block
-        checkpointed: q (B, H, T, D), key/value (B, K, S, D) -> (B, H, T, D). A block reads the keys
-        from its first visible one to its last (causality and the window bound them in a decoder)."""
+        """The materialised path one block of queries at a time (``BLOCK_QUERIES``, fewer where a
+        block would read more than ``BLOCK_LOGITS`` logits), each block checkpointed: q (B, H, T,
+        D), key/value (B, K, S, D) -> (B, H, T, D). A block reads the keys from its first visible
+        one to its last (causality and the window bound them in a decoder)."""
         t, s = q.shape[-2], key.shape[-2]
         past = s - t  # cached keys before the first query
         causal = context.causal or context.position.causal
         # the plain causal case has no mask to slice: spell it out by parts, as the stack would
         spec = MaskSpec(t, s, past, True, device=q.device) if context.causal and not context.masked else None
-        outputs = []
-        for index, q_block in enumerate(q.split(BLOCK_QUERIES, dim=2)):
-            start = index * BLOCK_QUERIES
-            stop = start + q_block.shape[-2]
+
+        def reach(start: int, stop: int) -> tuple[int, int]:
+            """The keys queries start:stop can see: [first, last)."""
             first = max(0, past + start - self.window + 1) if causal and self.window else 0
-            last = past + stop if causal else s
+            return first, (past + stop if causal else s)
+
+        def block_end(start: int) -> int:
+            size = BLOCK_QUERIES
+            while size > MIN_BLOCK:
+                first, last = reach(start, min(t, start + size))
+                if size * (last - first) <= BLOCK_LOGITS:
+                    break
+                size //= 2
+            return min(t, start + size)
+
+        outputs, start = [], 0
+        while start < t:
+            stop = block_end(start)
+            first, last = reach(start, stop)
+            q_block = q[:, :, start:stop]
             rows = spec.rows(start, stop) if spec is not None else context.mask_rows(start, stop)
             mask = None if rows is None else rows[..., first:last]
             q_pos = context.q_pos[..., start:stop]
@@ -250,6 +269,7 @@ class MultiHeadAttention(Mixer):
 
             outputs.append(checkpoint(block, q_block, key[:, :, first:last], value[:, :, first:last],
                                       use_reentrant=False))
+            start = stop
         return torch.cat(outputs, dim=2)
 
     def _flex(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor | None:
