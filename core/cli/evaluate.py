@@ -1,15 +1,24 @@
 """``seqzoo eval CKPT --text FILE [--context N] [--stride S]``: perplexity with the sliding-window
-method (see ``seqzoo.train.perplexity``), tokens/s and a progress bar."""
+method (see ``seqzoo.train.perplexity``), tokens/s and a progress bar; ``seqzoo eval CKPT --tasks
+NAME[,NAME]``: lm-evaluation-harness tasks through ``seqzoo.lab.harness``."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
+from ..files import write_text_atomic
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    if (args.text is None) == (args.tasks is None):
+        raise InputError("seqzoo eval: give --text FILE (perplexity) or --tasks NAME[,NAME] (lm-eval), one of them")
+    return _perplexity(args) if args.text is not None else _harness(args)
+
+
+def _perplexity(args: argparse.Namespace) -> int:
     from ..io.checkpoint import load
     from ..train.perplexity import evaluate
 
@@ -28,13 +37,37 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _harness(args: argparse.Namespace) -> int:
+    from ..lab.harness import evaluate, table
+
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise InputError(f"{args.include_path}: no such folder (--include-path takes a folder of lm-eval task YAMLs)")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise InputError("seqzoo eval: --tasks is empty; give task names, e.g. --tasks arc_easy,hellaswag")
+    results = evaluate(args.checkpoint, tasks, include_path=args.include_path, batch_size=args.batch_size,
+                       limit=args.limit, num_fewshot=args.num_fewshot, device=args.device)
+    print(table(results))
+    if args.output:
+        kept = {key: results[key] for key in ("results", "versions", "n-shot", "configs", "samples") if key in results}
+        write_text_atomic(Path(args.output), json.dumps(kept, indent=1, default=str))
+        print(f"wrote {args.output}")
+    return 0
+
+
 def register_cli(add: Callable[..., argparse.ArgumentParser]) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Add ``eval`` to the CLI (``add(name, help=...)`` makes a subparser)."""
-    p = add("eval", help="perplexity of a causal LM checkpoint on a text file (sliding window)")
+    p = add("eval", help="perplexity on a text file (--text), or lm-evaluation-harness tasks (--tasks)")
     p.add_argument("checkpoint", help="a .safetensors file written by seqzoo")
-    p.add_argument("--text", required=True, help="a UTF-8 text file")
+    p.add_argument("--text", help="a UTF-8 text file: perplexity with a sliding window")
     p.add_argument("--context", type=int, help="tokens per window (default: the model's limit, at most 1024)")
     p.add_argument("--stride", type=int, help="tokens between window starts (default: the context)")
+    p.add_argument("--tasks", metavar="NAME[,NAME]", help="lm-eval tasks to run (pip install 'seqzoo[eval]')")
+    p.add_argument("--include-path", metavar="DIR", help="a folder of local lm-eval task YAMLs")
+    p.add_argument("--limit", type=int, help="at most this many documents per task")
+    p.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (8)")
+    p.add_argument("-o", "--output", metavar="FILE.json", help="also write lm-eval's results and samples")
     p.add_argument("--device", help="cpu, cuda, auto (default: the recipe's runtime.device)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return {"eval": _cmd_eval}
