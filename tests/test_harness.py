@@ -109,3 +109,20 @@ def test_an_unknown_task_lists_the_closest_names(tiny, tmp_path, capsys):
 def test_text_or_tasks_one_of_them(tiny, capsys):
     assert main(["eval", str(tiny / "tiny.safetensors")]) == 2
     assert "give --text FILE (perplexity) or --tasks NAME[,NAME] (lm-eval), one of them" in capsys.readouterr().err
+
+
+def test_the_builtins_questions_describe_the_right_function_among_four():
+    import builtins
+    import inspect
+
+    from seqzoo.lab.harness import builtin_questions
+
+    questions = builtin_questions()
+    assert len(questions) >= 40 and questions == builtin_questions()  # every machine builds the same set
+    for q in questions:
+        assert len(q["choices"]) == 4 and len(set(q["choices"])) == 4
+        name = q["choices"][q["answer"]].strip()
+        described = q["question"].split("does this: ", 1)[1].rsplit(".\n", 1)[0]
+        assert described in inspect.getdoc(getattr(builtins, name))
+    abs_question = next(q for q in questions if "absolute value" in q["question"])
+    assert abs_question["choices"][abs_question["answer"]] == " abs"

@@ -191,10 +191,61 @@ def table(results: dict) -> str:
     lines = ["| task | metric | value | ± |", "|---|---|---|---|"]
     for task, metrics in results["results"].items():
         for key, value in metrics.items():
-            if key == "alias" or "_stderr" in key or not isinstance(value, (int, float)):
-                continue
+            if "," not in key or "_stderr" in key or not isinstance(value, (int, float)):
+                continue  # metrics are "name,filter"; alias, sample_len and the errors are not
             metric, _, how = key.partition(",")
             error = metrics.get(f"{metric}_stderr,{how}")
             lines.append(f"| {task} | {metric} | {value:.4f} | {error:.4f} |" if isinstance(error, float)
                          else f"| {task} | {metric} | {value:.4f} | – |")
     return "\n".join(lines)
+
+
+# -- a local multiple-choice task every machine can build: Python's own built-in functions ------------
+BUILTINS_TASK = "py_builtins"
+
+
+def builtin_questions(choices: int = 4, seed: int = 0) -> list[dict]:
+    """One question per documented built-in function of the running Python: its docstring's first
+    sentence, and which built-in it describes among ``choices`` names (the others drawn from the
+    rest with a fixed seed) -> [{"question", "choices", "answer"}]."""
+    import builtins
+    import inspect
+    import random
+
+    found = {}
+    for name in sorted(dir(builtins)):
+        value = getattr(builtins, name)
+        doc = inspect.getdoc(value) or ""
+        if name.startswith("_") or not callable(value) or isinstance(value, type) or not doc:
+            continue
+        lines = [line for line in doc.splitlines() if line.strip() and "(" not in line.split(" ")[0]]
+        if lines:
+            found[name] = lines[0].strip().rstrip(".")
+    rng = random.Random(seed)
+    names = list(found)
+    questions = []
+    for name in names:
+        options = [name, *rng.sample([n for n in names if n != name], choices - 1)]
+        rng.shuffle(options)
+        questions.append({"question": f"Python's built-in function that does this: {found[name]}.\nIts name:",
+                          "choices": [f" {option}" for option in options], "answer": options.index(name)})
+    return questions
+
+
+def write_builtins_task(folder: str | os.PathLike, seed: int = 0) -> str:
+    """Write ``py_builtins.jsonl`` and the task's YAML into ``folder`` (for ``--include-path``) ->
+    the task name."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{BUILTINS_TASK}.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in builtin_questions(seed=seed)), encoding="utf-8")
+    (folder / f"{BUILTINS_TASK}.yaml").write_text(
+        f"task: {BUILTINS_TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data.resolve()}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n"
+        "    aggregation: mean\n    higher_is_better: true\n  - metric: acc_norm\n    aggregation: mean\n"
+        "    higher_is_better: true\n", encoding="utf-8")
+    return BUILTINS_TASK
