@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from seqzoo.lab.recall import overall_verdict
-from seqzoo.lab.sweep import Contender, falls, first_below, state_floats, state_space_contenders, verdict
+from seqzoo.lab.sweep import (
+    Contender,
+    falls,
+    first_below,
+    overall_verdict,
+    state_floats,
+    state_space_contenders,
+    verdict,
+)
 
 XS = [4, 8, 16, 32, 64]
 WHO = [Contender("attention", "attention", None, ()), *state_space_contenders({"mamba": [4, 16], "mamba2": [16]},

@@ -22,16 +22,13 @@ The design (docs/experiments.md states it, and the criteria, before the results)
 """
 from __future__ import annotations
 
-import json
-import os
 import tempfile
 from collections.abc import Callable
 
 import torch
 
-from .recall import overall_verdict, vocabulary
 from .result import ExperimentResult
-from .sweep import Contender, state_space_contenders, study, tabulate
+from .sweep import OPTIMIZER, Contender, every_depth, model_base, state_space_contenders, training, vocabulary
 
 REFERENCE = "attention hard-ALiBi"
 
@@ -42,24 +39,6 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
         found.append(Contender("attention RoPE", "attention", None, ()))
     found += state_space_contenders(shape["states"], shape.get("hybrid", False))
     return [c for c in found if layers >= c.min_layers]
-
-
-def base(shape: dict, layers: int) -> list[str]:
-    longest = 2 * max(shape["lengths"]) + 2
-    return [f"model.dim={shape['dim']}", f"model.layers={layers}", f"model.attention.heads={shape['heads']}",
-            "model.attention.kv_heads=null", "model.position.scaling=null", f"model.max_seq_len={longest}",
-            "model.tie_embeddings=true", f"model.ffn.hidden={shape['hidden']}",
-            f"model.vocab_size={vocabulary(3 + shape['alphabet'])}"]
-
-
-def training(shape: dict) -> list[str]:
-    steps = shape["steps"]
-    task = {"kind": "copying", "min_len": 1, "max_len": shape["max_len"], "eval_lengths": shape["lengths"],
-            "alphabet": shape["alphabet"]}
-    return [f"train.task={json.dumps(task)}", f"train.batch_size={shape['batch']}",
-            f"train.warmup={max(1, steps // 20)}", "train.weight_decay=0.1", "train.min_lr_ratio=0.0",
-            "train.grad_clip=1.0", "train.beta2=0.999", f"train.eval_examples={shape['eval']}",
-            f"train.eval_every={max(1, steps // shape['evals'])}", f"train.log_every={max(1, steps // 100)}"]
 
 
 FULL = {"dim": 64, "heads": 4, "hidden": 256, "layers": [4], "alphabet": 26, "max_len": 32,
@@ -75,35 +54,30 @@ def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str
     """Run (or continue) the study; the table of exact copies per length, the verdicts and the
     sample-efficiency curves."""
     shape = QUICK if quick else FULL
-    folder = folder or tempfile.mkdtemp(prefix="seqzoo-copying-")
     lengths = shape["lengths"]
     inside = [n for n in lengths if n <= shape["max_len"]]
-    rows, data, verdicts = [], {"lengths": lengths, "max_len": shape["max_len"], "depths": {}}, {}
-    for layers in shape["layers"]:
-        who = contenders(shape, layers)
-        found = study(who, base(shape, layers), training(shape), rates=shape["rates"], seeds=shape["seeds"],
-                      steps=shape["steps"], folder=os.path.join(folder, f"layers{layers}"), metric="exact",
-                      log=log, threads=torch.get_num_threads())
-        depth, depth_rows = tabulate(who, found, [f"L={n}" for n in lengths], "exact", lengths, dim=shape["dim"],
-                                     reference=REFERENCE, checked=inside)
-        depth["efficiency"] = efficiency(found, f"L={inside[-1]}", shape["batch"])
-        verdicts[layers] = depth["verdict"], depth["reasons"]
-        rows += [[layers, *row] for row in depth_rows]
-        data["depths"][str(layers)] = depth
+    task = {"kind": "copying", "min_len": 1, "max_len": shape["max_len"], "eval_lengths": lengths,
+            "alphabet": shape["alphabet"]}
+    longest, vocab = 2 * max(lengths) + 2, vocabulary(3 + shape["alphabet"])
+    done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-copying-"),
+                       lambda layers: contenders(shape, layers),
+                       lambda layers: model_base(shape, layers, max_seq_len=longest, vocab_size=vocab),
+                       training(shape, task), groups=[f"L={n}" for n in lengths], xs=lengths, metric="exact",
+                       reference=REFERENCE, checked=inside, log=log, threads=torch.get_num_threads())
+    for layers, depth in done.data.items():
+        depth["efficiency"] = efficiency(done.found[layers], f"L={inside[-1]}", shape["batch"])
     columns = ["layers", "model", "state floats / layer", "params", "best lr",
                *[f"L={n}" + (" (trained)" if n <= shape["max_len"] else "") for n in lengths],
                f"L={lengths[-1]} per seed"]
-    overall = overall_verdict([v for v, _ in verdicts.values()])
-    data["verdict"] = overall
+    data = {"lengths": lengths, "max_len": shape["max_len"], "depths": done.data, "verdict": done.verdict}
     settings = {**shape, "bits_per_symbol": f"log2({shape['alphabet']})", "reference": REFERENCE,
-                "optimizer": "AdamW, weight decay 0.1, clip 1.0, beta2 0.999, warm-up 5% then cosine to 0",
+                "optimizer": OPTIMIZER,
                 "rate_choice": "the best mean exact-copy share over the lengths on seed 0, then every seed at that "
                                "rate"}
-    notes = [f"{layers} layers: {v} — " + "; ".join(reasons) for layers, (v, reasons) in verdicts.items()]
     return ExperimentResult("copying", f"Copying (Jelassi et al. 2024): strings copied exactly against length, "
                             f"trained on 1..{shape['max_len']}, {shape['steps']} steps, best rate of "
-                            f"{len(shape['rates'])}, {len(shape['seeds'])} seed(s) — verdict: {overall}",
-                            columns, rows, settings, data, notes)
+                            f"{len(shape['rates'])}, {len(shape['seeds'])} seed(s) — verdict: {done.verdict}",
+                            columns, done.rows, settings, data, done.notes())
 
 
 def efficiency(found: dict, group: str, batch: int) -> dict[str, dict]:

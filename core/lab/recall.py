@@ -22,16 +22,14 @@ figures and tables are rebuilt from.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import tempfile
 from collections.abc import Callable
 
 import torch
 
 from .result import ExperimentResult
-from .sweep import Contender, state_space_contenders, study, tabulate
+from .sweep import OPTIMIZER, Contender, every_depth, model_base, state_space_contenders, training, vocabulary
 
 
 def contenders(shape: dict, layers: int) -> list[Contender]:
@@ -40,31 +38,6 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
     found = [Contender("attention", "attention", None, ()),
              *state_space_contenders(shape["states"], shape.get("hybrid", False))]
     return [c for c in found if layers >= c.min_layers]
-
-
-def vocabulary(needed: int) -> int:
-    """A vocabulary that holds ``needed`` ids and the recipe's bytes tokenizer's 259 (the task's
-    ids are not text, but the model is a text recipe), rounded up to a multiple of 64."""
-    return 64 * math.ceil(max(needed, 259) / 64)
-
-
-def base(shape: dict, layers: int) -> list[str]:
-    """The shared model: tiny-llama at the shape's width and depth, tied embeddings, no RoPE scaling."""
-    return [f"model.dim={shape['dim']}", f"model.layers={layers}", f"model.attention.heads={shape['heads']}",
-            "model.attention.kv_heads=null", "model.position.scaling=null", f"model.max_seq_len={shape['seq_len']}",
-            "model.tie_embeddings=true", f"model.ffn.hidden={shape['hidden']}",
-            f"model.vocab_size={vocabulary(3 + 2 * shape['keys'])}"]
-
-
-def training(shape: dict) -> list[str]:
-    """The train: section every run shares but the rate: the ``mqar`` task, AdamW (weight decay
-    0.1), warm-up then cosine to 0, clip 1, held-out accuracy ``evals`` times per run."""
-    steps = shape["steps"]
-    task = {"kind": "mqar", "pairs": shape["pairs"], "keys": shape["keys"], "seq_len": shape["seq_len"]}
-    return [f"train.task={json.dumps(task)}", f"train.batch_size={shape['batch']}",
-            f"train.warmup={max(1, steps // 20)}", "train.weight_decay=0.1", "train.min_lr_ratio=0.0",
-            "train.grad_clip=1.0", "train.beta2=0.999", f"train.eval_examples={shape['eval']}",
-            f"train.eval_every={max(1, steps // shape['evals'])}", f"train.log_every={max(1, steps // 100)}"]
 
 
 FULL = {"dim": 64, "heads": 2, "hidden": 256, "layers": [2, 4], "keys": 512, "pairs": [4, 8, 16, 32, 64],
@@ -78,40 +51,22 @@ QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "keys": 16, "pairs"
 def recall(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None) -> ExperimentResult:
     """Run (or continue) the study at every depth; the table, the verdicts and the figure's data."""
     shape = QUICK if quick else FULL
-    folder = folder or tempfile.mkdtemp(prefix="seqzoo-recall-")
-    pairs, groups = shape["pairs"], [f"N={n}" for n in shape["pairs"]]
-    rows, data, verdicts = [], {"pairs": pairs, "depths": {}}, {}
-    for layers in shape["layers"]:
-        who = contenders(shape, layers)
-        found = study(who, base(shape, layers), training(shape), rates=shape["rates"], seeds=shape["seeds"],
-                      steps=shape["steps"], folder=os.path.join(folder, f"layers{layers}"), metric="accuracy",
-                      log=log, threads=torch.get_num_threads())
-        depth, depth_rows = tabulate(who, found, groups, "accuracy", pairs, dim=shape["dim"], reference="attention")
-        verdicts[layers] = depth["verdict"], depth["reasons"]
-        rows += [[layers, *row] for row in depth_rows]
-        data["depths"][str(layers)] = depth
+    pairs, vocab = shape["pairs"], vocabulary(3 + 2 * shape["keys"])
+    task = {"kind": "mqar", "pairs": pairs, "keys": shape["keys"], "seq_len": shape["seq_len"]}
+    done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-recall-"),
+                       lambda layers: contenders(shape, layers),
+                       lambda layers: model_base(shape, layers, max_seq_len=shape["seq_len"], vocab_size=vocab),
+                       training(shape, task), groups=[f"N={n}" for n in pairs], xs=pairs, metric="accuracy",
+                       reference="attention", log=log, threads=torch.get_num_threads())
     columns = ["layers", "model", "state floats / layer", "params", "best lr",
                *[f"N={n} ({n * math.log2(shape['keys']):.0f} bits)" for n in pairs], f"N={pairs[-1]} per seed"]
-    overall = overall_verdict([v for v, _ in verdicts.values()])
-    data["verdict"] = overall
-    settings = {**shape, "bits_per_value": math.log2(shape["keys"]), "vocab_size": vocabulary(3 + 2 * shape["keys"]),
+    data = {"pairs": pairs, "depths": done.data, "verdict": done.verdict}
+    settings = {**shape, "bits_per_value": math.log2(shape["keys"]), "vocab_size": vocab, "optimizer": OPTIMIZER,
                 "layout": "Zoology: N pairs, then each key once in a power-law query slot; answers never in the input",
-                "optimizer": "AdamW, weight decay 0.1, clip 1.0, beta2 0.999, warm-up 5% then cosine to 0",
                 "rate_choice": "the best mean accuracy over N on seed 0, then every seed at that rate"}
-    notes = [f"{layers} layers: {v} — " + "; ".join(reasons) for layers, (v, reasons) in verdicts.items()]
     return ExperimentResult("recall", f"MQAR (Zoology layout): accuracy against N pairs at equal parameter counts, "
                             f"{shape['steps']} steps, best rate of {len(shape['rates'])}, {len(shape['seeds'])} "
-                            f"seed(s) — verdict: {overall}", columns, rows, settings, data, notes)
-
-
-def overall_verdict(verdicts: list[str]) -> str:
-    """The pre-registered rule across depths: invalid if any depth is, supported only if every depth
-    supports the claim, not supported if any depth does not, inconclusive otherwise."""
-    if "invalid" in verdicts:
-        return "invalid"
-    if all(v == "supported" for v in verdicts):
-        return "supported"
-    return "not supported" if "not supported" in verdicts else "inconclusive"
+                            f"seed(s) — verdict: {done.verdict}", columns, done.rows, settings, data, done.notes())
 
 
 def draw(result: ExperimentResult, fig) -> None:

@@ -10,6 +10,8 @@ resolve to the same recipes.
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import statistics
 from collections.abc import Callable
@@ -40,6 +42,34 @@ def state_floats(contender: Contender, dim: int, expand: int = 2) -> int | None:
     channels (Mamba) or heads × head dim (Mamba-2) and d_state N; None for attention, whose KV cache
     grows with the sequence. (The causal convolution's window of d_conv − 1 inputs is on top.)"""
     return None if contender.state is None else expand * dim * contender.state
+
+
+def vocabulary(needed: int) -> int:
+    """A vocabulary that holds ``needed`` ids and the recipe's bytes tokenizer's 259 (the task's
+    ids are not text, but the model is a text recipe), rounded up to a multiple of 64."""
+    return 64 * math.ceil(max(needed, 259) / 64)
+
+
+def model_base(shape: dict, layers: int, *, max_seq_len: int, vocab_size: int) -> list[str]:
+    """The model every contender starts from: tiny-llama at the shape's width, heads and FFN width,
+    ``layers`` deep, no RoPE scaling, tied embeddings."""
+    return [f"model.dim={shape['dim']}", f"model.layers={layers}", f"model.attention.heads={shape['heads']}",
+            "model.attention.kv_heads=null", "model.position.scaling=null", f"model.max_seq_len={max_seq_len}",
+            "model.tie_embeddings=true", f"model.ffn.hidden={shape['hidden']}", f"model.vocab_size={vocab_size}"]
+
+
+def training(shape: dict, task: dict) -> list[str]:
+    """The train: section every run shares but the rate: ``task``, AdamW (weight decay 0.1, β2
+    0.999), warm-up over 5% then cosine to 0, clip 1, held-out scores ``evals`` times per run."""
+    steps = shape["steps"]
+    return [f"train.task={json.dumps(task)}", f"train.batch_size={shape['batch']}",
+            f"train.warmup={max(1, steps // 20)}", "train.weight_decay=0.1", "train.min_lr_ratio=0.0",
+            "train.grad_clip=1.0", "train.beta2=0.999", f"train.eval_examples={shape['eval']}",
+            f"train.eval_every={max(1, steps // shape['evals'])}", f"train.log_every={max(1, steps // 100)}"]
+
+
+#: How the runs train, for the settings of a study's result.
+OPTIMIZER = "AdamW, weight decay 0.1, clip 1.0, beta2 0.999, warm-up 5% then cosine to 0"
 
 
 def run_name(contender: Contender, rate: float) -> str:
@@ -207,3 +237,44 @@ def tabulate(who: list[Contender], found: dict, groups: list[str], metric: str, 
             "best": found["best"], "family": {c.name: c.family for c in who}, "state": {c.name: c.state for c in who},
             "verdict": outcome, "reasons": reasons}
     return data, rows
+
+
+def overall_verdict(verdicts: list[str]) -> str:
+    """The pre-registered rule across depths: invalid if any depth is, supported only if every depth
+    supports the claim, not supported if any depth does not, inconclusive otherwise."""
+    if "invalid" in verdicts:
+        return "invalid"
+    if all(v == "supported" for v in verdicts):
+        return "supported"
+    return "not supported" if "not supported" in verdicts else "inconclusive"
+
+
+@dataclass
+class Depths:
+    """A study run at every depth of its shape: the table rows (depth first), each depth's data (as
+    ``tabulate`` gives it) and its ``study`` result, and the verdict across depths."""
+
+    rows: list[list]
+    data: dict[str, dict]
+    found: dict[str, dict]
+    verdict: str
+
+    def notes(self) -> list[str]:
+        return [f"{layers} layers: {d['verdict']} — " + "; ".join(d["reasons"]) for layers, d in self.data.items()]
+
+
+def every_depth(shape: dict, folder: str, contenders: Callable[[int], list[Contender]],
+                base: Callable[[int], list[str]], train: list[str], *, groups: list[str], xs: list[int],
+                metric: str, reference: str, checked: list[int] | None = None,
+                log: Callable[[str], None] = print, threads: int = 1) -> Depths:
+    """``study`` then ``tabulate`` at each of the shape's depths, runs kept in ``folder``/layersL."""
+    rows, data, found = [], {}, {}
+    for layers in shape["layers"]:
+        who = contenders(layers)
+        found[str(layers)] = study(who, base(layers), train, rates=shape["rates"], seeds=shape["seeds"],
+                                   steps=shape["steps"], folder=os.path.join(folder, f"layers{layers}"),
+                                   metric=metric, log=log, threads=threads)
+        data[str(layers)], depth_rows = tabulate(who, found[str(layers)], groups, metric, xs, dim=shape["dim"],
+                                                 reference=reference, checked=checked)
+        rows += [[layers, *row] for row in depth_rows]
+    return Depths(rows, data, found, overall_verdict([d["verdict"] for d in data.values()]))
