@@ -38,6 +38,8 @@ def register_cli(add) -> dict:
                                                          "(default experiments/NAME)")
     p.add_argument("--quick", action="store_true", help="a tiny version that runs in seconds")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
+    p.add_argument("--workers", type=int, help="runs trained at once by recall, copying and moe (default: cores "
+                                               "/ threads)")
     return {"plot": _cmd_plot, "attention": _cmd_attention, "positions": _cmd_positions,
             "experiment": _cmd_experiment}
 
@@ -95,7 +97,8 @@ def _cmd_experiment(args) -> int:
     from ..lab.experiments import run_experiment
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log)
+    result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log,
+                                   workers=args.workers)
     print(f"{result.title}\n\n{result.markdown()}\n\n{result.seconds} s; wrote "
           f"{paths['md']}, {paths['json']}, {paths['png']}")
     return 0

@@ -50,7 +50,8 @@ QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "alphabet": 8, "max
          "states": {"mamba": [4]}, "hybrid": False, "rope": False}
 
 
-def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None) -> ExperimentResult:
+def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
+            workers: int | None = None) -> ExperimentResult:
     """Run (or continue) the study; the table of exact copies per length, the verdicts and the
     sample-efficiency curves."""
     shape = QUICK if quick else FULL
@@ -63,7 +64,8 @@ def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str
                        lambda layers: contenders(shape, layers),
                        lambda layers: model_base(shape, layers, max_seq_len=longest, vocab_size=vocab),
                        training(shape, task), groups=[f"L={n}" for n in lengths], xs=lengths, metric="exact",
-                       reference=REFERENCE, checked=inside, log=log, threads=torch.get_num_threads())
+                       reference=REFERENCE, checked=inside, log=log, threads=torch.get_num_threads(),
+                       workers=workers)
     for layers, depth in done.data.items():
         depth["efficiency"] = efficiency(done.found[layers], f"L={inside[-1]}", shape["batch"])
     columns = ["layers", "model", "state floats / layer", "params", "best lr",

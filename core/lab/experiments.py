@@ -312,10 +312,12 @@ def draw(result: ExperimentResult, path: str | os.PathLike) -> str:
 
 
 def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick: bool = False,
-                   threads: int | None = 1, log: Callable[[str], None] = print
+                   threads: int | None = 1, log: Callable[[str], None] = print, workers: int | None = None
                    ) -> tuple[ExperimentResult, dict[str, str]]:
     """Run experiment ``name`` and write ``NAME.md``, ``NAME.json`` and ``NAME.png`` into
-    ``output`` (default ``experiments/NAME``) -> (result, {"md", "json", "png": path})."""
+    ``output`` (default ``experiments/NAME``) -> (result, {"md", "json", "png": path}).
+    ``workers``: runs trained at once by the experiments that train through compare (default:
+    as many as the cores hold at ``threads`` each)."""
     if name not in EXPERIMENTS:
         raise InputError(unknown_name("experiment", name, EXPERIMENTS))
     if threads is not None and threads < 1:
@@ -329,7 +331,8 @@ def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick:
     began = time.perf_counter()
     try:
         # The experiments that train through `seqzoo compare` keep their runs in the folder.
-        result = EXPERIMENTS[name](quick=quick, log=log, **({"folder": folder} if name in KEEPS_RUNS else {}))
+        kept = {"folder": folder, "workers": workers} if name in KEEPS_RUNS else {}
+        result = EXPERIMENTS[name](quick=quick, log=log, **kept)
     finally:
         torch.set_num_threads(previous)
     result.seconds = round(time.perf_counter() - began, 1)

@@ -58,7 +58,8 @@ def imbalance(load: list[list[float]]) -> float:
     return sum(max(layer) * len(layer) for layer in load) / len(load)
 
 
-def moe(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None) -> ExperimentResult:
+def moe(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
+        workers: int | None = None) -> ExperimentResult:
     """Train the dense model and the three mixtures on sort with ``seqzoo compare`` (runs kept in
     ``folder``/moe-runs); loss, accuracy and expert load."""
     shape = QUICK if quick else FULL
@@ -70,7 +71,8 @@ def moe(quick: bool = False, log: Callable[[str], None] = print, folder: str | N
     arms = [Arm(name, "tiny-llama", (*base, *overrides)) for name, overrides in variants(shape).items()]
     threads = torch.get_num_threads()
     results = compare(arms, os.path.join(folder or tempfile.mkdtemp(prefix="seqzoo-moe-"), "moe-runs"), steps=steps,
-                      seeds=[0], overrides=training, threads=threads, workers=max(1, (os.cpu_count() or 1) // threads),
+                      seeds=[0], overrides=training, threads=threads,
+                      workers=workers or max(1, (os.cpu_count() or 1) // threads),
                       log=log)
     rows, data = [], {"steps": [], "loss": {}, "imbalance": {}, "load": {}}
     for run in results["runs"]:

@@ -11,7 +11,7 @@ The design (docs/experiments.md states it, and the criteria, before the results)
 - contenders at equal parameter counts (the FFN width solved per model): attention (RoPE), Mamba
   at d_state 4, 16 and 64, Mamba-2 at 16 and 64, and, at four layers, a hybrid of Mamba-2 layers
   with attention in every fourth;
-- two and four layers, C = 64, T = 256, N up to 64;
+- two and four layers, C = 64, N up to 64 in rows of T = 4N tokens (Zoology pairs each N with its T);
 - a learning-rate sweep per contender on the first seed, then three seeds at its best rate;
 - accuracy per N: the share of queried values the argmax predicts, on 1,000 held-out rows per N;
 - the verdict computed from the table by ``sweep.verdict``, the pre-registered rule.
@@ -40,24 +40,30 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
     return [c for c in found if layers >= c.min_layers]
 
 
-FULL = {"dim": 64, "heads": 2, "hidden": 256, "layers": [2, 4], "keys": 512, "pairs": [4, 8, 16, 32, 64],
-        "seq_len": 256, "steps": 4000, "batch": 64, "rates": [3e-4, 1e-3, 3e-3], "eval": 1000, "evals": 4,
+#: The budget the calibration fixed (docs/experiments.md, before any comparison): 512 keys left
+#: attention on the guessing plateau after 1,600 steps at T 256 (mean accuracy 0.09); 64 keys with
+#: rows of 4N tokens and one head solved every N (1.000) by step 1,600, so 2,500 steps.
+FULL = {"dim": 64, "heads": 1, "hidden": 256, "layers": [2, 4], "keys": 64, "pairs": [4, 8, 16, 32, 64],
+        "length_per_pair": 4, "steps": 2500, "batch": 64, "rates": [3e-4, 1e-3, 3e-3], "eval": 1000, "evals": 5,
         "seeds": [0, 1, 2], "states": {"mamba": [4, 16, 64], "mamba2": [16, 64]}, "hybrid": True}
-QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "keys": 16, "pairs": [2, 4], "seq_len": 16,
+QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "keys": 16, "pairs": [2, 4], "length_per_pair": 4,
          "steps": 4, "batch": 8, "rates": [1e-3, 3e-3], "eval": 8, "evals": 1, "seeds": [0],
          "states": {"mamba": [4]}, "hybrid": False}
 
 
-def recall(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None) -> ExperimentResult:
+def recall(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
+           workers: int | None = None) -> ExperimentResult:
     """Run (or continue) the study at every depth; the table, the verdicts and the figure's data."""
     shape = QUICK if quick else FULL
     pairs, vocab = shape["pairs"], vocabulary(3 + 2 * shape["keys"])
-    task = {"kind": "mqar", "pairs": pairs, "keys": shape["keys"], "seq_len": shape["seq_len"]}
+    task = {"kind": "mqar", "pairs": pairs, "keys": shape["keys"], "length_per_pair": shape["length_per_pair"]}
+    longest = shape["length_per_pair"] * pairs[-1]
     done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-recall-"),
                        lambda layers: contenders(shape, layers),
-                       lambda layers: model_base(shape, layers, max_seq_len=shape["seq_len"], vocab_size=vocab),
+                       lambda layers: model_base(shape, layers, max_seq_len=longest, vocab_size=vocab),
                        training(shape, task), groups=[f"N={n}" for n in pairs], xs=pairs, metric="accuracy",
-                       reference="attention", log=log, threads=torch.get_num_threads())
+                       reference="attention", log=log, threads=torch.get_num_threads(),
+                       workers=workers)
     columns = ["layers", "model", "state floats / layer", "params", "best lr",
                *[f"N={n} ({n * math.log2(shape['keys']):.0f} bits)" for n in pairs], f"N={pairs[-1]} per seed"]
     data = {"pairs": pairs, "depths": done.data, "verdict": done.verdict}

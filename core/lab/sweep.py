@@ -85,14 +85,14 @@ def score(run: dict, metric: str) -> dict[str, float]:
 
 def study(contenders: list[Contender], base: list[str], training: list[str], *, rates: list[float],
           seeds: list[int], steps: int, folder: str, metric: str, log: Callable[[str], None] = print,
-          threads: int = 1) -> dict:
+          threads: int = 1, workers: int | None = None) -> dict:
     """Sweep ``rates`` for every contender on ``seeds[0]``, then train every seed at each
     contender's best rate (the highest mean ``metric`` over the groups; ties to the lower loss).
 
     Returns {"sweep": {name: {rate: mean score}}, "best": {name: rate}, "runs": {name: [runs of
     every seed at the best rate]}, "parameters": {name: count}}. ``training`` is the shared
     ``train.`` overrides without the rate, which each run adds."""
-    workers = max(1, (os.cpu_count() or 1) // threads)
+    workers = workers or max(1, (os.cpu_count() or 1) // threads)
 
     def arms(choice: dict[str, list[float]]) -> list[Arm]:
         return [Arm(run_name(c, rate), "tiny-llama", (*base, *c.overrides, f"train.lr={rate}"))
@@ -266,14 +266,14 @@ class Depths:
 def every_depth(shape: dict, folder: str, contenders: Callable[[int], list[Contender]],
                 base: Callable[[int], list[str]], train: list[str], *, groups: list[str], xs: list[int],
                 metric: str, reference: str, checked: list[int] | None = None,
-                log: Callable[[str], None] = print, threads: int = 1) -> Depths:
+                log: Callable[[str], None] = print, threads: int = 1, workers: int | None = None) -> Depths:
     """``study`` then ``tabulate`` at each of the shape's depths, runs kept in ``folder``/layersL."""
     rows, data, found = [], {}, {}
     for layers in shape["layers"]:
         who = contenders(layers)
         found[str(layers)] = study(who, base(layers), train, rates=shape["rates"], seeds=shape["seeds"],
                                    steps=shape["steps"], folder=os.path.join(folder, f"layers{layers}"),
-                                   metric=metric, log=log, threads=threads)
+                                   metric=metric, log=log, threads=threads, workers=workers)
         data[str(layers)], depth_rows = tabulate(who, found[str(layers)], groups, metric, xs, dim=shape["dim"],
                                                  reference=reference, checked=checked)
         rows += [[layers, *row] for row in depth_rows]

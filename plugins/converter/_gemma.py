@@ -11,6 +11,7 @@ from torch import nn
 
 from seqzoo.builder import LayerPlan, layer_plan
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf.arch import layer_types
 from seqzoo.io.hf import ffn_activation, first_problem, glu_ffn, kind_of, layer_pattern, special_ids
 from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter
 from seqzoo.io.hf.rope import rope_config, rope_problem, rope_spec
@@ -207,3 +208,29 @@ class GemmaConverter(DecoderConverter):
                 "layer_types": kinds, "attn_logit_softcapping": attn.softcap,
                 "final_logit_softcapping": m["final_softcap"], "initializer_range": m["init_std"],
                 **special_ids(model)}
+
+
+# -- llama.cpp's gemma2 / gemma3 (GGUF) -----------------------------------------------------------
+def gguf_scale_problem(config, wide_layers: int) -> str | None:
+    """llama.cpp scales Gemma's logits by head_dim^(-1/2), or (C / H)^(-1/2) for the one release
+    with ``wide_layers`` layers; it never reads query_pre_attn_scalar."""
+    c = config["hidden_size"] // config["num_attention_heads"]
+    scalar = c if config["num_hidden_layers"] == wide_layers else config["head_dim"]
+    if config["query_pre_attn_scalar"] != scalar:
+        return (f"llama.cpp scales this architecture's attention logits by {scalar}^(-1/2) (from its shape); this "
+                f"model's query_pre_attn_scalar is {config['query_pre_attn_scalar']}")
+    if config.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        return f"llama.cpp's Gemma uses the tanh GELU; this model's is {config['hidden_activation']}"
+    return None
+
+
+def gguf_gemma_config(get, wide_layers: int, default_period: int) -> dict:
+    """The config.json keys of a Gemma GGUF that are not plain metadata keys."""
+    layers, heads, dim = get("block_count"), get("attention.head_count"), get("embedding_length")
+    head_dim = get("attention.key_length", dim // heads)
+    flags = get("attention.sliding_window_pattern")
+    if flags is None or not isinstance(flags, list):  # a period: every period-th layer global
+        period = flags or default_period
+        flags = [(i + 1) % period != 0 for i in range(layers)]
+    return {"layer_types": layer_types(flags), "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": dim // heads if layers == wide_layers else head_dim}

@@ -126,3 +126,36 @@ class MambaLayout(CausalLMConverter):
         if self.mixer_norm is not None:
             config[self.mixer_norm] = spec["bcdt_norm_eps"]
         return config
+
+
+def mamba_gguf(dt_b_c_rms: bool):
+    """llama.cpp's mamba: A as −exp(A_log), the conv kernel squeezed, an expansion of 2, no
+    in/out projection biases; ``dt_b_c_rms`` tells Falcon-Mamba's file from Mamba's."""
+    from seqzoo.io.gguf import GGUFArch, Key, Transform
+    from seqzoo.io.gguf.arch import a_from_log, conv_squeezed
+
+    def problem(config) -> str | None:
+        if config["intermediate_size"] != 2 * config["hidden_size"]:
+            return (f"llama.cpp's mamba needs an inner width of 2 × hidden size; this model's is "
+                    f"{config['intermediate_size']}")
+        if config.get("use_bias") or not config.get("use_conv_bias", True):
+            return "llama.cpp's mamba has projections without biases and a conv with one; this model differs"
+        if dt_b_c_rms and config.get("mixer_rms_eps") != config["layer_norm_epsilon"]:
+            return (f"llama.cpp normalises Δ, B and C with the layers' eps {config['layer_norm_epsilon']}; "
+                    f"this model's "
+                    f"mixer_rms_eps is {config.get('mixer_rms_eps')}")
+        return None
+
+    keys = (Key("block_count", "num_hidden_layers"), Key("embedding_length", "hidden_size"),
+            Key("ssm.conv_kernel", "conv_kernel"), Key("ssm.inner_size", "intermediate_size"),
+            Key("ssm.state_size", "state_size"), Key("ssm.time_step_rank", "time_step_rank"),
+            Key("attention.layer_norm_rms_epsilon", "layer_norm_epsilon", "f32"))
+    return GGUFArch("mamba", keys=keys, rope=False, problem=problem,
+                    transforms=(Transform(r"A_log$", a_from_log), Transform(r"conv1d\.weight$", conv_squeezed)),
+                    fixed={"context_length": 1 << 20, "feed_forward_length": 0, "attention.head_count": 0,
+                           "ssm.dt_b_c_rms": dt_b_c_rms},
+                    config=lambda get: {"use_bias": False, "use_conv_bias": True,
+                                        "expand": get("ssm.inner_size") // get("embedding_length"),
+                                        **({"mixer_rms_eps": get("attention.layer_norm_rms_epsilon")}
+                                           if dt_b_c_rms else {})},
+                    imports=lambda get: bool(get("ssm.dt_b_c_rms")) == dt_b_c_rms)

@@ -91,3 +91,15 @@ class QwenMoeFamily(MixtureOfExpertsFamily):
                 "moe_intermediate_size": spec["expert"]["hidden"], "norm_topk_prob": spec["router"]["normalize"],
                 "decoder_sparse_step": 1, "mlp_only_layers": [i for i, s in enumerate(sparse) if not s],
                 "router_aux_loss_coef": spec["balance_loss"]}
+
+
+def every_layer_sparse(normalized: bool):
+    """llama.cpp's Qwen MoEs: every layer sparse, top-k weights renormalised or not as it hard-codes."""
+    def problem(config) -> str | None:
+        if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+            return "llama.cpp's Qwen MoE architectures make every layer sparse; this model has dense layers"
+        if bool(config.get("norm_topk_prob")) != normalized:
+            return (f"llama.cpp's architecture {'renormalises' if normalized else 'does not renormalise'} the top-k "
+                    f"routing weights; this model's norm_topk_prob is {config.get('norm_topk_prob')}")
+        return None
+    return problem

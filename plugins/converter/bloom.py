@@ -12,6 +12,8 @@ from collections.abc import Collection
 from torch import nn
 
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFArch, Key, Transform
+from seqzoo.io.gguf.arch import interleaved_qkv
 from seqzoo.io.hf import (
     CausalLMConverter,
     Rule,
@@ -50,6 +52,15 @@ class BloomConverter(CausalLMConverter):
     architecture = "BloomForCausalLM"
     base_prefix = "transformer."
     embedding = "transformer.word_embeddings.weight"
+    # llama.cpp's bloom: ALiBi (max bias 8), q/k/v rows regrouped per projection, a 4·C MLP.
+    gguf = GGUFArch("bloom", keys=(Key("block_count", "n_layer"), Key("context_length", "seq_length"),
+                                   Key("embedding_length", "hidden_size"), Key("attention.head_count", "n_head"),
+                                   Key("attention.head_count_kv", "n_head"),
+                                   Key("attention.layer_norm_epsilon", "layer_norm_epsilon", "f32")),
+                    rope=False, renames={r"^transformer\.": ""},
+                    transforms=(Transform(r"query_key_value\.", interleaved_qkv("n_head")),),
+                    export=lambda c: {"feed_forward_length": 4 * c["hidden_size"]},
+                    config=lambda get: {"seq_length": get("context_length")})
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
         c = _config(config)

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from seqzoo.registry import builtin
 
-from ._mamba import DEFAULTS, MambaLayout
+from ._mamba import DEFAULTS, MambaLayout, mamba_gguf
 
 
 @builtin("Hugging Face Falcon-Mamba <-> decoder_lm (mamba mixer with B/C/Δ norms)")
@@ -25,3 +25,4 @@ class FalconMambaConverter(MambaLayout):
     architecture = "FalconMambaForCausalLM"
     defaults: ClassVar[dict] = {**DEFAULTS, "mixer_rms_eps": 1e-6}
     mixer_norm = "mixer_rms_eps"
+    gguf = mamba_gguf(dt_b_c_rms=True)

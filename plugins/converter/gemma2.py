@@ -15,10 +15,18 @@ is rebuilt from the pattern: a layer with a window is ``sliding_attention``.
 """
 from __future__ import annotations
 
+from seqzoo.io.gguf import LLAMA_KEYS, GGUFArch, Key
+from seqzoo.io.gguf.arch import GEMMA_NORMS, sliding_flags
 from seqzoo.io.hf.decoder import DecoderFamily
 from seqzoo.registry import builtin
 
-from ._gemma import GEMMA2_DEFAULTS, NORMS, GemmaConverter
+from ._gemma import GEMMA2_DEFAULTS, NORMS, GemmaConverter, gguf_gemma_config, gguf_scale_problem
+
+
+def gemma2_gguf_problem(config) -> str | None:
+    if config["attn_logit_softcapping"] is None or config["final_logit_softcapping"] is None:
+        return "llama.cpp's gemma2 always softcaps attention and final logits; this model leaves one uncapped"
+    return gguf_scale_problem(config, wide_layers=46)
 
 
 @builtin("Hugging Face Gemma 2 <-> decoder_lm (local/global layers, softcaps, sandwich (1+w) norms, √C embeddings)")
@@ -29,3 +37,12 @@ class Gemma2Converter(GemmaConverter):
 
     family = DecoderFamily("gemma2", "Gemma2ForCausalLM", "Gemma 2", defaults=GEMMA2_DEFAULTS,
                            placement="sandwich", norms=NORMS)
+    # llama.cpp's gemma2: (1 + w) norms stored as 1 + w, the output head always the embedding,
+    # both softcaps (50 and 30 when absent) and a per-layer window flag.
+    gguf = GGUFArch("gemma2", keys=LLAMA_KEYS + (Key("attn_logit_softcapping", "attn_logit_softcapping", "f32", 50.0),
+                                                 Key("final_logit_softcapping", "final_logit_softcapping", "f32", 30.0),
+                                                 Key("attention.sliding_window", "sliding_window")),
+                    transforms=GEMMA_NORMS, output="never",
+                    export=lambda c: {"attention.sliding_window_pattern": sliding_flags(c)},
+                    config=lambda get: gguf_gemma_config(get, wide_layers=46, default_period=2),
+                    problem=lambda c: gemma2_gguf_problem(c))

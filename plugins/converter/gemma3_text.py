@@ -16,12 +16,43 @@ from __future__ import annotations
 import copy
 
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import LLAMA_KEYS, GGUFArch, Key
+from seqzoo.io.gguf.arch import GEMMA_NORMS, sliding_flags
 from seqzoo.io.hf.decoder import DecoderFamily
 from seqzoo.io.hf.rope import rope_parameters, rope_spec
 from seqzoo.registry import builtin
 
-from ._gemma import GEMMA2_DEFAULTS, NORMS, TYPES, GemmaConverter
+from ._gemma import GEMMA2_DEFAULTS, NORMS, TYPES, GemmaConverter, gguf_gemma_config, gguf_scale_problem
 
+
+def gemma3_gguf_problem(config) -> str | None:
+    rope = config["rope_parameters"]
+    if config.get("attn_logit_softcapping") is not None:
+        return "llama.cpp's gemma3 does not softcap attention logits; this model does"
+    if rope["sliding_attention"].get("rope_type", "default") != "default":
+        return "llama.cpp's gemma3 scales RoPE on the global layers only; this model scales its local layers' too"
+    if rope["full_attention"].get("rope_type", "default") not in ("default", "linear"):
+        return (f"llama.cpp's gemma3 reads linear RoPE scaling only; this model's is "
+                f"{rope['full_attention']['rope_type']}")
+    return gguf_scale_problem(config, wide_layers=62)
+
+
+def gemma3_gguf_metadata(config) -> dict:
+    full, local = config["rope_parameters"]["full_attention"], config["rope_parameters"]["sliding_attention"]
+    out = {"rope.freq_base": float(full["rope_theta"]), "rope.freq_base_swa": float(local["rope_theta"]),
+           "attention.sliding_window_pattern": sliding_flags(config)}
+    if full.get("rope_type") == "linear":
+        out.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])})
+    return out
+
+
+def gemma3_gguf_config(get) -> dict:
+    full = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
+    if get("rope.scaling.type") == "linear":
+        full.update(rope_type="linear", factor=float(get("rope.scaling.factor")))
+    local = {"rope_type": "default", "rope_theta": float(get("rope.freq_base_swa", 10000.0))}
+    return {**gguf_gemma_config(get, wide_layers=62, default_period=6), "attn_logit_softcapping": None,
+            "rope_parameters": {"full_attention": full, "sliding_attention": local}}
 
 @builtin("Hugging Face Gemma 3 text <-> decoder_lm (5:1 local/global, RoPE per layer type, (1+w) QK-norm)")
 class Gemma3TextConverter(GemmaConverter):
@@ -33,6 +64,12 @@ class Gemma3TextConverter(GemmaConverter):
         defaults={**GEMMA2_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072,
                   "final_logit_softcapping": None, "attn_logit_softcapping": None,
                   "use_bidirectional_attention": False})
+    # llama.cpp's gemma3: one RoPE base per layer type, linear scaling on the global layers only,
+    # no attention softcap, a final one only when the key is there.
+    gguf = GGUFArch("gemma3", keys=LLAMA_KEYS + (Key("final_logit_softcapping", "final_logit_softcapping", "f32",
+                                                     optional=True), Key("attention.sliding_window", "sliding_window")),
+                    transforms=GEMMA_NORMS, rope=False, export=lambda c: gemma3_gguf_metadata(c),
+                    config=lambda get: gemma3_gguf_config(get), problem=lambda c: gemma3_gguf_problem(c))
     rope_per_type = True
     attention_softcap = False
     period_key = "sliding_window_pattern"

@@ -12,6 +12,8 @@ from collections.abc import Collection
 from torch import nn
 
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFArch, Key, Transform
+from seqzoo.io.gguf.arch import transposed
 from seqzoo.io.hf import (
     CausalLMConverter,
     Rule,
@@ -34,6 +36,10 @@ DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 
             "tie_word_embeddings": True}
 
 
+#: The activations llama.cpp's GELU computes: the tanh form exactly, the erf form within 3e-4.
+GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
+
+
 @builtin("Hugging Face GPT-2 <-> decoder_lm (Conv1D weights transposed)")
 class GPT2Converter(CausalLMConverter):
     """config.json keys: n_embd, n_layer, n_head, n_positions, n_inner, activation_function,
@@ -44,6 +50,18 @@ class GPT2Converter(CausalLMConverter):
     base_prefix = "transformer."
     embedding = "transformer.wte.weight"
     ignored = (r"\.attn\.bias$", r"\.attn\.masked_bias$")  # causal-mask buffers of old checkpoints
+    # llama.cpp's gpt2: Conv1D weights as linears ([out, in]), a GELU (computed with the tanh
+    # approximation, within 3e-4 of the exact one; which one the model has is kept in a key
+    # llama.cpp ignores), a position table.
+    gguf = GGUFArch("gpt2", keys=(Key("block_count", "n_layer"), Key("context_length", "n_positions"),
+                                  Key("embedding_length", "n_embd"), Key("attention.head_count", "n_head"),
+                                  Key("attention.layer_norm_epsilon", "layer_norm_epsilon", "f32"),
+                                  Key("activation_function", "activation_function", "str", "gelu_new")),
+                    rope=False, transforms=(Transform(r"\.(c_attn|c_proj|c_fc)\.weight$", transposed),),
+                    export=lambda c: {"feed_forward_length": c.get("n_inner") or 4 * c["n_embd"]},
+                    config=lambda get: {"n_inner": get("feed_forward_length")},
+                    problem=lambda c: None if c.get("activation_function", "gelu_new") in GELUS
+                    else f"llama.cpp's gpt2 uses a GELU; this model's activation is {c['activation_function']}")
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
         c = HFConfig(config, DEFAULTS)

@@ -18,6 +18,8 @@ from collections.abc import Collection
 from torch import nn
 
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFArch, Key, Transform
+from seqzoo.io.gguf.arch import interleaved_qkv
 from seqzoo.io.hf import (
     HFConverter,
     Rule,
@@ -78,6 +80,13 @@ def rotary_dim(config: dict, head_dim: int) -> int:
     return dims
 
 
+def neox_rotary_dims(config) -> int:
+    """The rotated features of each head: rotary_pct of head_dim (rope_parameters' partial factor)."""
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    pct = (config.get("rope_parameters") or {}).get("partial_rotary_factor", config.get("rotary_pct", 1.0))
+    return int(pct * head_dim)
+
+
 @builtin("Hugging Face GPT-NeoX / Pythia <-> decoder_lm (parallel residual, partial rotary, per-head fused qkv)")
 class GPTNeoXConverter(HFConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
@@ -89,6 +98,23 @@ class GPTNeoXConverter(HFConverter):
     architecture = "GPTNeoXForCausalLM"
     base_prefix = "gpt_neox."
     ignored = (r"attention\.bias$", r"attention\.masked_bias$", r"rotary_emb\.inv_freq$")
+    # llama.cpp's gptneox: q/k/v rows regrouped from per head to per projection, partial RoPE by
+    # its dimension count, an output head even when tied.
+    gguf = GGUFArch("gptneox", keys=(Key("block_count", "num_hidden_layers"),
+                                     Key("context_length", "max_position_embeddings"),
+                                     Key("embedding_length", "hidden_size"),
+                                     Key("feed_forward_length", "intermediate_size"),
+                                     Key("attention.head_count", "num_attention_heads"),
+                                     Key("attention.layer_norm_epsilon", "layer_norm_eps", "f32"),
+                                     Key("use_parallel_residual", "use_parallel_residual", "bool"),
+                                     Key("hidden_act", "hidden_act", "str", "gelu")),
+                    output="required",
+                    transforms=(Transform(r"query_key_value\.", interleaved_qkv("num_attention_heads")),),
+                    export=lambda c: {"rope.dimension_count": neox_rotary_dims(c)},
+                    config=lambda get: {"rotary_pct": get("rope.dimension_count") * get("attention.head_count")
+                                        / get("embedding_length"), "attention_bias": True},
+                    problem=lambda c: None if c.get("attention_bias", True) else
+                    "llama.cpp's gptneox has q/k/v and output biases; this model has none")
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
         c = _config(config)

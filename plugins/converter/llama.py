@@ -6,6 +6,8 @@ its RoPE configuration is read and written by ``seqzoo.io.hf.rope``. The layout 
 """
 from __future__ import annotations
 
+from seqzoo.io.gguf import GGUFArch
+from seqzoo.io.gguf.arch import NORM_ROPE
 from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
 
@@ -19,3 +21,5 @@ class LlamaConverter(DecoderConverter):
     family = DecoderFamily("llama", "LlamaForCausalLM", "LLaMA", defaults=LLAMA_DEFAULTS,
                            qkv_bias="attention_bias", out_bias="attention_bias", mlp_bias="mlp_bias",
                            export_keys={"pretraining_tp": 1})
+    # llama.cpp's llama rotates adjacent pairs: q and k rows are permuted per head.
+    gguf = GGUFArch("llama", transforms=NORM_ROPE, imports=lambda get: not get("expert_count"))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from seqzoo.registry import builtin
 
-from ._mamba import MambaLayout
+from ._mamba import MambaLayout, mamba_gguf
 
 
 @builtin("Hugging Face Mamba <-> decoder_lm (mamba mixer layers, no FFN)")
@@ -40,3 +40,5 @@ class MambaConverter(MambaLayout):
     """config.json keys: hidden_size, intermediate_size (or expand), state_size, conv_kernel,
     time_step_rank, use_bias, use_conv_bias, hidden_act (silu), layer_norm_epsilon,
     num_hidden_layers, tie_word_embeddings, time_step_min/max."""
+
+    gguf = mamba_gguf(dt_b_c_rms=False)

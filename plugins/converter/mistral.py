@@ -5,6 +5,8 @@ exactly ``attention.window``. Mistral has no projection biases.
 """
 from __future__ import annotations
 
+from seqzoo.io.gguf import GGUFArch
+from seqzoo.io.gguf.arch import NORM_ROPE, window_within_context
 from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
 
@@ -19,3 +21,5 @@ class MistralConverter(DecoderConverter):
 
     family = DecoderFamily("mistral", "MistralForCausalLM", "Mistral", defaults=MISTRAL_DEFAULTS,
                            qkv_bias=False, out_bias=False, window="sliding_window", window_required=True)
+    # llama.cpp runs Mistral as llama, which has no window: exported only when it spans the context.
+    gguf = GGUFArch("llama", transforms=NORM_ROPE, imports=False, problem=window_within_context)

@@ -10,6 +10,8 @@ seqzoo does not do: a non-zero value is refused.
 from __future__ import annotations
 
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import EXPERT_KEYS, LLAMA_KEYS, GGUFArch
+from seqzoo.io.gguf.arch import NORM_ROPE, window_within_context
 from seqzoo.io.hf import glu_ffn
 from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
@@ -27,6 +29,9 @@ class MixtralConverter(MixtureOfExpertsFamily, DecoderConverter):
         defaults={**LLAMA_DEFAULTS, "intermediate_size": 14336, "num_key_value_heads": 8,
                   "max_position_embeddings": 4096 * 32, "sliding_window": None, "num_local_experts": 8,
                   "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0})
+    # llama.cpp's llama with experts: softmax over the top k, renormalised, as Mixtral routes.
+    gguf = GGUFArch("llama", keys=LLAMA_KEYS + EXPERT_KEYS, transforms=NORM_ROPE,
+                    imports=lambda get: bool(get("expert_count")), problem=window_within_context)
     mlp = "block_sparse_moe."
     expert_names = ("w1", "w3", "w2")
 

@@ -5,6 +5,8 @@ RoPE (``attention.qk_norm`` with ``qk_norm_scope: projection``).
 """
 from __future__ import annotations
 
+from seqzoo.io.gguf import GGUFArch
+from seqzoo.io.gguf.arch import heads_fill_width
 from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
 
@@ -17,3 +19,4 @@ class Olmo2Converter(DecoderConverter):
         "olmo2", "Olmo2ForCausalLM", "OLMo 2", defaults={**LLAMA_DEFAULTS, "vocab_size": 50304, "rms_norm_eps": 1e-5},
         placement="output", qk_norm_scope="projection",
         norms={"attn_out_norm": "post_attention_layernorm", "ffn_out_norm": "post_feedforward_layernorm"})
+    gguf = GGUFArch("olmo2", output="required", problem=heads_fill_width)

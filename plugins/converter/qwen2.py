@@ -3,6 +3,8 @@ projection (``attention.out_bias: false``), and Qwen's window rule (see ``_qwen`
 """
 from __future__ import annotations
 
+from seqzoo.io.gguf import GGUFArch
+from seqzoo.io.gguf.arch import first, heads_fill_width, no_window
 from seqzoo.io.hf.decoder import DecoderFamily
 from seqzoo.registry import builtin
 
@@ -16,3 +18,5 @@ class Qwen2Converter(QwenWindow):
 
     family = DecoderFamily("qwen2", "Qwen2ForCausalLM", "Qwen2", defaults=QWEN2_DEFAULTS,
                            qkv_bias=True, out_bias=False)
+    gguf = GGUFArch("qwen2", problem=first(no_window, heads_fill_width),
+                    config=lambda get: {"use_sliding_window": False})

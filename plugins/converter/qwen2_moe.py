@@ -7,13 +7,21 @@ by a sigmoid gate: y = Σ_j w_j E_j(x) + σ(g·x) S(x) (``shared`` and ``shared_
 """
 from __future__ import annotations
 
+from seqzoo.io.gguf import LLAMA_KEYS, GGUFArch, Key, Transform
+from seqzoo.io.gguf.arch import first, heads_fill_width, no_window, shared_gate
 from seqzoo.io.hf import Rule, first_problem, glu_ffn, kind_of, renamed
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.io.hf.decoder import DecoderFamily
 from seqzoo.registry import builtin
 
 from ._moe import softmax_moe_problem
-from ._qwen import QWEN2_DEFAULTS, QwenMoeFamily, QwenWindow
+from ._qwen import QWEN2_DEFAULTS, QwenMoeFamily, QwenWindow, every_layer_sparse
+
+#: Qwen2-MoE's metadata beyond LLaMA's keys.
+QWEN2_MOE_KEYS = (Key("expert_count", "num_experts"), Key("expert_used_count", "num_experts_per_tok"),
+                  Key("expert_feed_forward_length", "moe_intermediate_size"),
+                  Key("expert_shared_feed_forward_length", "shared_expert_intermediate_size"))
+
 
 
 @builtin("Hugging Face Qwen2-MoE <-> decoder_lm (routed experts plus a sigmoid-gated shared expert)")
@@ -28,6 +36,13 @@ class Qwen2MoeConverter(QwenMoeFamily, QwenWindow):
                   "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
                   "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
                   "router_aux_loss_coef": 0.001})
+    # llama.cpp's qwen2moe: softmax over the top k without renormalising, a sigmoid-gated shared
+    # expert, every layer sparse, and an output head even when tied.
+    gguf = GGUFArch("qwen2moe", keys=LLAMA_KEYS + QWEN2_MOE_KEYS, output="required",
+                    transforms=(Transform(r"shared_expert_gate\.weight$", shared_gate),),
+                    problem=first(no_window, heads_fill_width, every_layer_sparse(normalized=False)),
+                    config=lambda get: {"use_sliding_window": False, "norm_topk_prob": False,
+                                        "decoder_sparse_step": 1, "mlp_only_layers": []})
     experts_keys = ("num_experts", "num_local_experts")
 
     def moe_spec(self, c: dict) -> dict:

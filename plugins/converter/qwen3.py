@@ -6,6 +6,8 @@ Its configs give ``head_dim`` explicitly (128 unless set), which need not be ``h
 """
 from __future__ import annotations
 
+from seqzoo.io.gguf import GGUFArch
+from seqzoo.io.gguf.arch import no_window
 from seqzoo.io.hf.decoder import DecoderFamily
 from seqzoo.registry import builtin
 
@@ -17,3 +19,4 @@ class Qwen3Converter(QwenWindow):
     """Qwen2's keys plus attention_bias (false) and head_dim (128)."""
 
     family = DecoderFamily("qwen3", "Qwen3ForCausalLM", "Qwen3", defaults=QWEN3_DEFAULTS, qk_norm_scope="head")
+    gguf = GGUFArch("qwen3", problem=no_window, config=lambda get: {"use_sliding_window": False})

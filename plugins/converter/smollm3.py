@@ -18,6 +18,8 @@ from torch import nn
 
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFArch
+from seqzoo.io.gguf.arch import NORM_ROPE
 from seqzoo.io.hf import layer_pattern
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
@@ -37,6 +39,20 @@ def _spec(kind: Kind) -> dict:
     return {**({} if rope else {"position": "none"}), **({"attention": {"window": window}} if window else {})}
 
 
+def nope_layers(layers: int) -> list[int]:
+    """llama.cpp's smollm3 NoPE layers (0 = no RoPE): every fourth, 3, 7, 11, ..."""
+    return [0 if (i + 1) % 4 == 0 else 1 for i in range(layers)]
+
+
+def smollm3_problem(config) -> str | None:
+    if list(config["no_rope_layers"]) != nope_layers(config["num_hidden_layers"]):
+        return ("llama.cpp's smollm3 skips RoPE in layers 3, 7, 11, ... and no others; this model's no_rope_layers "
+                f"are {config['no_rope_layers']}")
+    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
+        return "llama.cpp's smollm3 has no sliding window; this model has one"
+    return None
+
+
 @builtin("Hugging Face SmolLM3 <-> decoder_lm (NoPE layers by layer_types)")
 class SmolLM3Converter(DecoderConverter):
     """LLaMA's keys plus no_rope_layers, no_rope_layer_interval (4), use_sliding_window,
@@ -48,6 +64,10 @@ class SmolLM3Converter(DecoderConverter):
                   "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4,
                   "max_position_embeddings": 32768, "tie_word_embeddings": True, "use_sliding_window": False,
                   "sliding_window": None, "no_rope_layers": None, "no_rope_layer_interval": 4, "layer_types": None})
+    # llama.cpp's smollm3 is llama with RoPE skipped in every fourth layer, hard-coded.
+    gguf = GGUFArch("smollm3", transforms=NORM_ROPE, problem=smollm3_problem,
+                    config=lambda get: {"no_rope_layers": nope_layers(get("block_count")), "use_sliding_window": False,
+                                        "sliding_window": None, "layer_types": None})
 
     def layer_kinds(self, c: dict) -> list[Kind]:
         """(RoPE?, window) of each layer, as SmolLM3Config and its attention read the config."""

@@ -15,11 +15,13 @@ A row of T tokens holds N key–value pairs, then the N keys again as queries, a
   the label at a query is its key's value, and every other label is ignored. The only strategy
   that does not bind keys to values is a guess among the N values in context, worth 1/N.
 
-Every batch draws one N from ``pairs`` (all rows have the same T, so a small N leaves more
-filler); with a ``curriculum`` of R rows, the list of N a batch may draw from grows one entry at a
-time over the first R rows. Held-out rows are scored per N (one group each), by the share of
-queried values predicted by argmax; they come from a generator of their own, so no held-out row is
-a training row's twin by construction.
+Every batch draws one N from ``pairs``. All rows have the same T (``seq_len``), so a small N
+leaves more filler; or, with ``length_per_pair`` = r, a batch of N pairs has rows of r·N tokens,
+as Zoology pairs each N with its own T (its (T, N) cells keep T/N fixed), which makes a small N's
+batch cheap and its held-out rows as long as its training rows. With a ``curriculum`` of R rows,
+the list of N a batch may draw from grows one entry at a time over the first R rows. Held-out rows
+are scored per N (one group each), by the share of queried values predicted by argmax; they come
+from a generator of their own, so no held-out row is a training row's twin by construction.
 """
 from __future__ import annotations
 
@@ -75,18 +77,29 @@ class MQARTask(TokenTask):
     per row (null: 4 × the largest N; at least that). filler: the id of every position that is
     neither a pair nor a query (0). power: the query gaps' power law, p(s) ∝ (s+1)^(power−1)
     (0.01). curriculum: rows over which the list of N grows from its first entry (0: every N from
-    the start)."""
+    the start). length_per_pair: r > 0 gives a batch of N pairs rows of r·N tokens (at least 4)
+    instead of seq_len, which is then the longest row, r times the largest N (null: fixed T)."""
 
     token_accuracy = True
 
     def __init__(self, pairs: tuple[PositiveInt, ...] = (4, 8, 16, 32), keys: PositiveInt = 64,
                  first: NonNegativeInt = 3, seq_len: PositiveInt | None = None, filler: NonNegativeInt = 0,
-                 power: float = 0.01, curriculum: NonNegativeInt = 0) -> None:
+                 power: float = 0.01, curriculum: NonNegativeInt = 0,
+                 length_per_pair: PositiveInt | None = None) -> None:
         self.pairs = sorted(int(n) for n in pairs)
         if not self.pairs:
             raise ConfigError("task mqar: pairs is empty; give the numbers of key-value pairs, e.g. [4, 8, 16]")
         if self.pairs[-1] > keys:
             raise ConfigError(f"task mqar: pairs up to {self.pairs[-1]} need at least as many keys; keys={keys}")
+        if length_per_pair is not None:
+            if length_per_pair < 4:
+                raise ConfigError(f"task mqar: length_per_pair={length_per_pair} cannot hold N pairs and their "
+                                  f"queries in r·N tokens; it needs r >= 4")
+            if seq_len is not None and seq_len != length_per_pair * self.pairs[-1]:
+                raise ConfigError(f"task mqar: seq_len={seq_len} and length_per_pair={length_per_pair} disagree: "
+                                  f"the longest row is {length_per_pair} × {self.pairs[-1]} tokens; drop seq_len")
+            seq_len = length_per_pair * self.pairs[-1]
+        self.length_per_pair = length_per_pair
         self.seq_len = 4 * self.pairs[-1] if seq_len is None else seq_len
         if self.seq_len < 4 * self.pairs[-1]:
             raise ConfigError(f"task mqar: seq_len={self.seq_len} cannot hold N={self.pairs[-1]} pairs and their "
@@ -107,7 +120,8 @@ class MQARTask(TokenTask):
         self.seed = seed
 
     def rows(self, size: int, pairs: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return mqar_rows(size, pairs, self.keys, self.first, generator, self.seq_len, self.filler, self.power)
+        length = self.seq_len if self.length_per_pair is None else self.length_per_pair * pairs
+        return mqar_rows(size, pairs, self.keys, self.first, generator, length, self.filler, self.power)
 
     def batch(self, start: int, size: int) -> dict[str, Tensor]:
         choose = random.Random(f"mqar:{self.seed}:{start}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -42,6 +42,9 @@ class HFConverter:
     #: only when no other family fits: a family whose models mostly have another family's layout
     #: (xlm-roberta has roberta's; a Phi-3 without LongRoPE or partial rotary is a LLaMA or Mistral).
     named_only: ClassVar[bool] = False
+    #: The family's llama.cpp form (``seqzoo.io.gguf.GGUFArch``): its architecture name, metadata
+    #: keys and the tensors whose values differ; None where llama.cpp has no such architecture.
+    gguf: ClassVar[Any] = None
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
         """The seqzoo recipe (``model`` section at least) for ``config``. ``names`` are the

@@ -1,0 +1,113 @@
+"""Tokenizers in GGUF metadata: byte-level BPE (``tokenizer.ggml.model`` gpt2) both ways, with the
+pre-tokenizer name llama.cpp splits text by (``tokenizer.ggml.pre``).
+
+seqzoo's ``bytes`` tokenizer is written as a byte-level BPE with no merges: one token per byte, in
+byte order, then its special tokens, so llama.cpp tokenizes text exactly as seqzoo does (with no
+merges, how the text is split first changes nothing). A tokenizer whose pre-tokenizer has no
+llama.cpp name is refused before anything is written.
+"""
+from __future__ import annotations
+
+import json
+
+from torch import nn
+
+from ...errors import CheckpointError, few
+from ...registry import tokenizer
+
+#: ``tokenizer.ggml.pre`` values whose splits this reader rebuilds: GPT-2's regex, or every digit
+#: split first (SmolLM, StarCoder).
+GPT2_PRE = ("gpt-2", "gpt2", "default", "mpt", "olmo", "jais", "phi-2", "modern-bert")
+DIGITS_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
+#: GGUF token types (llama.cpp's llama_token_type).
+NORMAL, CONTROL, UNUSED = 1, 3, 5
+
+
+def document(model: nn.Module) -> dict:
+    """The model's tokenizer as a tokenizers tokenizer.json document."""
+    tok = tokenizer(model)
+    text = tok.to_str() or (tok.to_hf_files() or {}).get("tokenizer.json")
+    if not text:
+        raise CheckpointError("export-gguf: the model's tokenizer has no tokenizer.json form, so GGUF cannot hold "
+                              "it; give the model a byte-level BPE (hf) or the bytes tokenizer")
+    return json.loads(text)
+
+
+def byte_level_bpe(model: nn.Module, vocab_size: int) -> dict:
+    """{"tokens", "merges", "types", "pre"} of the model's byte-level BPE, the token list padded
+    with unused ``[PAD{i}]`` entries to the embedding's ``vocab_size`` rows (llama.cpp counts the
+    vocabulary from the list)."""
+    doc = document(model)
+    bpe = doc.get("model") or {}
+    if bpe.get("type") != "BPE" or bpe.get("byte_fallback"):
+        what = "SentencePiece-style BPE (byte fallback)" if bpe.get("byte_fallback") else repr(bpe.get("type"))
+        raise CheckpointError(f"export-gguf: the tokenizer is {what}; seqzoo writes GGUF's byte-level BPE "
+                              f"(tokenizer.ggml.model gpt2) and the bytes tokenizer, not this one")
+    ids = {**bpe["vocab"], **{t["content"]: t["id"] for t in doc.get("added_tokens", [])}}
+    if max(ids.values()) >= vocab_size:
+        raise CheckpointError(f"export-gguf: the tokenizer has ids up to {max(ids.values())}, beyond the model's "
+                              f"vocab_size {vocab_size}")
+    tokens: list[str | None] = [None] * vocab_size
+    for token, index in ids.items():
+        tokens[index] = token
+    missing = [i for i, t in enumerate(tokens) if t is None and i < len(ids)]
+    if missing:
+        raise CheckpointError(f"export-gguf: the vocabulary has no token for ids {few([str(i) for i in missing])}")
+    special = {t["id"] for t in doc.get("added_tokens", []) if t.get("special")}
+    types = [CONTROL if i in special else NORMAL if t is not None else UNUSED for i, t in enumerate(tokens)]
+    tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in bpe.get("merges", [])]
+    return {"tokens": tokens, "merges": merges, "types": types, "pre": pre_name(doc, bool(merges))}
+
+
+def pre_name(doc: dict, merges: bool) -> str:
+    """``tokenizer.ggml.pre`` for the document's pre-tokenizer: ``smollm`` when digits are split
+    first, ``gpt-2`` for GPT-2's regex (or for no merges at all, where splits change nothing)."""
+    pre = doc.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre])
+    kinds = [p.get("type") for p in steps]
+    if kinds == ["ByteLevel"] and (steps[0].get("use_regex", True) or not merges):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
+        return "smollm"
+    raise CheckpointError(f"export-gguf: the pre-tokenizer {kinds} has no llama.cpp name seqzoo can vouch for "
+                          f"(GPT-2's regex: gpt-2; digits split first: smollm)")
+
+
+def write(writer, bpe: dict, ids: dict) -> None:
+    """The tokenizer's metadata: model, pre, tokens, merges, types and the special ids."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(bpe["pre"])
+    writer.add_token_list(bpe["tokens"])
+    writer.add_token_merges(bpe["merges"])
+    writer.add_token_types(bpe["types"])
+    for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
+                     ("pad_token_id", writer.add_pad_token_id)):
+        if ids.get(key) is not None:
+            add(ids[key])
+    writer.add_add_bos_token(False)
+
+
+def read(meta: dict, where: str) -> str:
+    """The file's tokenizer as a tokenizers tokenizer.json text."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2":
+        raise CheckpointError(f"{where}: tokenizer.ggml.model {kind!r} is not supported; seqzoo rebuilds "
+                              f"byte-level BPE (gpt2) tokenizers")
+    if pre not in GPT2_PRE + DIGITS_PRE:
+        raise CheckpointError(f"{where}: tokenizer.ggml.pre {pre!r} is not supported; supported: "
+                              f"{', '.join(GPT2_PRE + DIGITS_PRE)}")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens)))
+    merges = [tuple(pair.split(" ", 1)) for pair in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind != UNUSED}
+    bpe = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bpe.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if pre in DIGITS_PRE else byte_level)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, kind in zip(tokens, types) if kind == CONTROL])
+    return bpe.to_str()

@@ -1,0 +1,56 @@
+"""Small random models of every family seqzoo writes as GGUF (the GGUF tests and docs/gguf.md): shipped tiny
+recipes where one exists, else the family's converter recipe from a small config.json (with the
+bytes tokenizer, so the file carries a vocabulary llama.cpp reads)."""
+from __future__ import annotations
+
+import torch
+
+import seqzoo
+from seqzoo.io.hf import converter_for, full_recipe
+
+V = 320  # vocabulary: the bytes tokenizer's 259 ids and unused rows
+LLAMA = {"vocab_size": V, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+         "bos_token_id": 257, "eos_token_id": 258, "pad_token_id": 256}
+
+
+def from_config(model_type: str, **config) -> torch.nn.Module:
+    """A random seqzoo model of the HF family ``model_type`` for a small config."""
+    converter = converter_for(model_type)
+    recipe = full_recipe(converter, {"model_type": model_type, **LLAMA, **config}, None, ())
+    recipe["tokenizer"] = {"kind": "bytes"}
+    recipe["runtime"] = {"dtype": "float32", "device": "cpu"}
+    return seqzoo.build(recipe, device="cpu").eval()
+
+
+def shipped(name: str, *overrides: str) -> torch.nn.Module:
+    return seqzoo.build(name, list(overrides), device="cpu").eval()
+
+
+#: family -> (how to build one, the HF model_type to export it as (None: the only one that fits)).
+FAMILIES = {
+    "llama (YaRN)": (lambda: shipped("tiny-llama"), None),
+    "llama (linear RoPE)": (lambda: shipped("tiny-llama", "model.position.scaling={kind: linear, factor: 2.0}"), None),
+    "llama (Llama 3 RoPE)": (lambda: shipped("tiny-llama", "model.position.scaling={kind: llama3, factor: 8.0, "
+                                             "original_max_seq_len: 64}"), None),
+    "mixtral": (lambda: shipped("tiny-moe"), None),
+    "smollm3": (lambda: shipped("tiny-smollm3"), None),
+    "qwen2": (lambda: from_config("qwen2"), None),
+    "qwen3": (lambda: from_config("qwen3", head_dim=24), None),
+    "qwen2moe": (lambda: from_config("qwen2_moe", num_key_value_heads=4, moe_intermediate_size=32,
+                                     shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2), None),
+    "qwen3moe": (lambda: from_config("qwen3_moe", head_dim=16, moe_intermediate_size=32, num_experts=4,
+                                     num_experts_per_tok=2, norm_topk_prob=True), None),
+    "gemma2": (lambda: shipped("tiny-gemma2"), None),
+    "gemma3": (lambda: shipped("tiny-gemma3"), None),
+    "phi3": (lambda: from_config("phi3", partial_rotary_factor=0.5), "phi3"),
+    "olmo2": (lambda: shipped("tiny-olmo2"), None),
+    "olmoe": (lambda: from_config("olmoe", num_key_value_heads=4, num_experts=4, num_experts_per_tok=2), None),
+    "gpt2": (lambda: shipped("tiny-gpt"), None),
+    "gptneox": (lambda: shipped("tiny-neox"), None),
+    "bloom": (lambda: shipped("tiny-bloom"), None),
+    "mamba": (lambda: shipped("tiny-mamba"), None),
+    "falcon-mamba (mamba)": (lambda: from_config("falcon_mamba", intermediate_size=128, state_size=8,
+                                                 time_step_rank=4, layer_norm_epsilon=1e-5, mixer_rms_eps=1e-5), None),
+    "mamba2": (lambda: shipped("tiny-mamba2"), None),
+}

@@ -1,0 +1,177 @@
+"""GGUF for every family seqzoo writes (docs/gguf.md): seqzoo -> GGUF -> seqzoo is exact in F32 for
+each one, each file carries the metadata llama.cpp reads, and what GGUF or llama.cpp cannot hold is
+refused in one line naming it. (llama.cpp's own verdict on the same files: test_gguf_llama_cpp.py.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import seqzoo
+from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFFile, families, from_gguf, to_gguf
+from seqzoo.io.gguf_types import WRITABLE
+
+from seqzoo.testing.gguf import FAMILIES, from_config, shipped
+
+gguf = pytest.importorskip("gguf")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_round_trips_exactly_in_f32(family, tmp_path):
+    torch.manual_seed(0)
+    make, model_type = FAMILIES[family]
+    model = make()
+    again = from_gguf(to_gguf(model, tmp_path / "m.gguf", model_type=model_type))
+    assert again.recipe["model"]["kind"] == model.recipe["model"]["kind"]
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
+    ids = torch.randint(0, 256, (2, 11))
+    with torch.no_grad():
+        assert torch.equal(again(ids), model(ids))
+    text = "GGUF keeps the 42 bytes of this line."
+    assert seqzoo.tokenizer(again).encode(text) == seqzoo.tokenizer(model).encode(text)
+
+
+def test_the_table_of_families_names_every_llama_cpp_architecture():
+    assert families() == {
+        "bloom": ["bloom"], "gemma2": ["gemma2"], "gemma3": ["gemma3_text"], "gpt2": ["gpt2"],
+        "gptneox": ["gpt_neox"], "llama": ["llama", "mistral", "mixtral"], "mamba": ["falcon_mamba", "mamba"],
+        "mamba2": ["mamba2"], "olmo2": ["olmo2"], "olmoe": ["olmoe"], "phi3": ["phi3"], "qwen2": ["qwen2"],
+        "qwen2moe": ["qwen2_moe"], "qwen3": ["qwen3"], "qwen3moe": ["qwen3_moe"], "smollm3": ["smollm3"]}
+
+
+def meta(path, arch: str, key: str):
+    return GGUFFile(path).meta[f"{arch}.{key}"]
+
+
+def test_files_carry_what_llama_cpp_reads(tmp_path):
+    path = to_gguf(shipped("tiny-llama"), tmp_path / "yarn.gguf")
+    assert meta(path, "llama", "rope.scaling.type") == "yarn"
+    assert meta(path, "llama", "rope.scaling.factor") == 4.0
+    assert meta(path, "llama", "rope.scaling.original_context_length") == 64
+    path = to_gguf(shipped("tiny-gemma2"), tmp_path / "g2.gguf")
+    assert meta(path, "gemma2", "attn_logit_softcapping") == 50.0
+    assert meta(path, "gemma2", "final_logit_softcapping") == 30.0
+    assert meta(path, "gemma2", "attention.sliding_window") == 8
+    assert meta(path, "gemma2", "attention.sliding_window_pattern") == [True, False, True, False]
+    source = GGUFFile(path)
+    assert "output.weight" not in source.tensors  # llama.cpp's gemma2 loads no output head
+    model = shipped("tiny-gemma2")  # norms are stored as 1 + w
+    assert torch.equal(source.tensor("blk.0.attn_norm.weight"), model.decoder.blocks[0].attn_norm.weight + 1)
+    path = to_gguf(shipped("tiny-mamba"), tmp_path / "mamba.gguf")
+    assert meta(path, "mamba", "ssm.state_size") == 16 and meta(path, "mamba", "ssm.conv_kernel") == 4
+    a_log = shipped("tiny-mamba").state_dict()["decoder.blocks.0.attn.A_log"]
+    assert torch.allclose(GGUFFile(path).tensor("blk.0.ssm_a"), -torch.exp(a_log))
+    path = to_gguf(shipped("tiny-moe"), tmp_path / "moe.gguf")
+    assert meta(path, "llama", "expert_count") == 4 and meta(path, "llama", "expert_used_count") == 2
+    assert GGUFFile(path).shape("blk.0.ffn_gate_exps.weight")[0] == 4
+    path = to_gguf(from_config("qwen2_moe", num_key_value_heads=4, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                               tie_word_embeddings=True), tmp_path / "q.gguf")
+    source = GGUFFile(path)  # qwen2moe needs an output head: a tied one is written out, and read back tied
+    assert torch.equal(source.tensor("output.weight"), source.tensor("token_embd.weight"))
+    assert from_gguf(path).recipe["model"]["tie_embeddings"] is True
+    path = to_gguf(shipped("tiny-llama", "model.position.scaling={kind: llama3, factor: 8.0, original_max_seq_len: 64}"),
+                   tmp_path / "l3.gguf")
+    assert GGUFFile(path).shape("rope_freqs.weight") == (8,)  # head_dim / 2 frequency divisors
+
+
+@pytest.mark.parametrize("kind, tol", [("F16", 2e-3), ("BF16", 1e-2), ("Q8_0", 1e-2), ("Q5_0", 0.08),
+                                       ("Q5_1", 0.08), ("Q4_0", 0.15), ("Q4_1", 0.15)])
+def test_quantised_types_dequantise_within_their_error_and_keep_vectors_f32(kind, tol, tmp_path):
+    torch.manual_seed(0)
+    model = shipped("tiny-mamba2")
+    again = from_gguf(to_gguf(model, tmp_path / "m.gguf", dtype=kind))
+    assert kind in GGUFFile(tmp_path / "m.gguf").types()
+    for name, tensor in model.state_dict().items():
+        error = (again.state_dict()[name] - tensor).abs().max() / tensor.abs().max()
+        assert error <= tol, (name, error.item())
+        if tensor.dim() == 1:
+            assert torch.allclose(again.state_dict()[name], tensor, atol=1e-6), name
+
+
+def test_the_cli_offers_every_type_to_gguf_writes():
+    import argparse
+
+    from seqzoo.cli.gguf import register_cli
+
+    commands = argparse.ArgumentParser().add_subparsers()
+    register_cli(lambda name, **kw: commands.add_parser(name, **kw))
+    action = next(a for a in commands.choices["export-gguf"]._actions if a.dest == "type")
+    assert tuple(action.choices) == WRITABLE == ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
+
+
+# -- refusals -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make, model_type, message", [
+    (lambda: shipped("tiny-gru-mixer"), None, r"a recurrent \(gru\) mixer: GGUF has no architecture with it"),
+    (lambda: shipped("tiny-llama", "model.attention.score=additive"), None, r"the additive attention score"),
+    (lambda: shipped("tiny-mistral"), None, r"llama architecture has no sliding window: this model attends to its "
+                                            r"last 8 tokens"),
+    (lambda: shipped("tiny-gemma2", "model.final_softcap=null"), None, r"gemma2 always softcaps"),
+    (lambda: from_config("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0), None,
+     r"qwen architectures attend to every past token"),
+    (lambda: from_config("qwen3_moe", head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                         norm_topk_prob=False), None, r"renormalises the top-k routing weights"),
+    (lambda: from_config("olmoe", num_experts=4, num_experts_per_tok=2), None, r"needs as many KV heads as heads"),
+    (lambda: shipped("tiny-smollm3", "model.pattern=[nope, rope, rope, rope]"), None,
+     r"smollm3 skips RoPE in layers 3, 7, 11, ... and no others"),
+])
+def test_what_llama_cpp_cannot_run_is_refused_by_name(make, model_type, message, tmp_path):
+    model = make()
+    with pytest.raises(CheckpointError, match=message):
+        to_gguf(model, tmp_path / "no.gguf", model_type=model_type)
+    assert not (tmp_path / "no.gguf").exists()  # refused before a byte is written
+
+
+def test_a_block_type_a_tensor_cannot_take_names_the_tensor(tmp_path):
+    model = from_config("qwen3", head_dim=24, hidden_size=48, num_attention_heads=2, num_key_value_heads=1)
+    with pytest.raises(CheckpointError, match=r"has rows of 48 values, not a multiple of Q8_0's block of 32"):
+        to_gguf(model, tmp_path / "q.gguf", dtype="Q8_0")
+    with pytest.raises(CheckpointError, match=r"tensor type 'Q4_K' is not supported.*cannot quantise K-quants"):
+        to_gguf(model, tmp_path / "k.gguf", dtype="Q4_K")
+
+
+def write(path, architecture, keys=None, tensors=("token_embd.weight",)):
+    writer = gguf.GGUFWriter(str(path), architecture)
+    for key, value in (keys or {}).items():
+        (writer.add_uint32 if isinstance(value, int) else writer.add_string)(key, value)
+    for name in tensors:
+        writer.add_tensor(name, torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_files_seqzoo_cannot_read_are_refused_with_the_key_named(tmp_path):
+    with pytest.raises(CheckpointError, match=r"general\.architecture 'rwkv6' is not supported; seqzoo reads bloom"):
+        from_gguf(write(tmp_path / "r.gguf", "rwkv6"))
+    with pytest.raises(CheckpointError, match=r"metadata gpt2\.block_count is missing"):
+        from_gguf(write(tmp_path / "g.gguf", "gpt2"))
+    path = to_gguf(shipped("tiny-llama"), tmp_path / "l.gguf")
+    source = GGUFFile(path)
+    keys = {k: v for k, v in source.meta.items() if k.startswith("llama.")}
+    writer = gguf.GGUFWriter(str(tmp_path / "w.gguf"), "llama")
+    for key, field in source.reader.fields.items():
+        if key.startswith(("llama.", "tokenizer.")):
+            value = field.contents()
+            if isinstance(value, list):
+                writer.add_array(key, value)
+            elif isinstance(value, str):
+                writer.add_string(key, value)
+            elif isinstance(value, float):
+                writer.add_float32(key, value)
+            else:
+                writer.add_uint32(key, value)
+    writer.add_uint32("llama.attention.sliding_window", 16)  # a behaviour seqzoo's llama would not apply
+    for name in source.tensors:
+        writer.add_tensor(name, source.tensor(name).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert keys
+    with pytest.raises(CheckpointError, match=r"metadata llama\.attention\.sliding_window is not read by seqzoo"):
+        from_gguf(tmp_path / "w.gguf")
