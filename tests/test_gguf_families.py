@@ -10,7 +10,6 @@ import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.gguf import GGUFFile, families, from_gguf, to_gguf
 from seqzoo.io.gguf_types import WRITABLE
-
 from seqzoo.testing.gguf import FAMILIES, from_config, shipped
 
 gguf = pytest.importorskip("gguf")
@@ -72,8 +71,8 @@ def test_files_carry_what_llama_cpp_reads(tmp_path):
     source = GGUFFile(path)  # qwen2moe needs an output head: a tied one is written out, and read back tied
     assert torch.equal(source.tensor("output.weight"), source.tensor("token_embd.weight"))
     assert from_gguf(path).recipe["model"]["tie_embeddings"] is True
-    path = to_gguf(shipped("tiny-llama", "model.position.scaling={kind: llama3, factor: 8.0, original_max_seq_len: 64}"),
-                   tmp_path / "l3.gguf")
+    llama3 = "model.position.scaling={kind: llama3, factor: 8.0, original_max_seq_len: 64}"
+    path = to_gguf(shipped("tiny-llama", llama3), tmp_path / "l3.gguf")
     assert GGUFFile(path).shape("rope_freqs.weight") == (8,)  # head_dim / 2 frequency divisors
 
 

@@ -25,7 +25,7 @@ EXTERNAL_READS = {
     "cli/catalog.py": ["sys.modules.get(cls.__module__)"],  # a Python module's docstring
     "cli/describe.py": ["fn", "origin", "hint"],       # annotations and typing constructs
     "registry/loading.py": ["obj", "point", "module"],  # a plugin's module, an entry point
-    "io/gguf.py": ["gguf.quants"],                     # the gguf package's quantizers
+    "io/gguf/reader.py": ["gguf.quants"],              # the gguf package's quantizers
     "io/checkpoint.py": ["model", "model"],            # torch.compile's OptimizedModule wrapper
     "io/build.py": ["func"],                           # a torch function in a TorchFunctionMode
 }

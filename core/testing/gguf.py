@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-import seqzoo
-from seqzoo.io.hf import converter_for, full_recipe
+from ..io.build import build
+from ..io.hf import converter_for, full_recipe
 
 V = 320  # vocabulary: the bytes tokenizer's 259 ids and unused rows
 LLAMA = {"vocab_size": V, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -20,11 +20,11 @@ def from_config(model_type: str, **config) -> torch.nn.Module:
     recipe = full_recipe(converter, {"model_type": model_type, **LLAMA, **config}, None, ())
     recipe["tokenizer"] = {"kind": "bytes"}
     recipe["runtime"] = {"dtype": "float32", "device": "cpu"}
-    return seqzoo.build(recipe, device="cpu").eval()
+    return build(recipe, device="cpu").eval()
 
 
 def shipped(name: str, *overrides: str) -> torch.nn.Module:
-    return seqzoo.build(name, list(overrides), device="cpu").eval()
+    return build(name, list(overrides), device="cpu").eval()
 
 
 #: family -> (how to build one, the HF model_type to export it as (None: the only one that fits)).

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError, few
+from ...interfaces import Model
 from ...recipe import resolve
 from ...registry import registry
 from ..checkpoint import unwrap
@@ -38,7 +39,7 @@ def families() -> dict[str, list[str]]:
     """{llama.cpp architecture: the HF model_types written as it}."""
     out: dict[str, list[str]] = {}
     for name in registry().names("converter"):
-        arch = getattr(registry().get("converter", name).cls, "gguf", None)
+        arch = registry().get("converter", name).cls.gguf
         if arch is not None:
             out.setdefault(arch.name, []).append(name)
     return out
@@ -227,9 +228,9 @@ def _exporter(model: nn.Module, model_type: str | None):
     try:
         converter = exporter_for(model, model_type)
     except CheckpointError as error:
-        refusal = _refusal(model) if getattr(model, "recipe", None) else None
+        refusal = _refusal(model) if isinstance(model, Model) and model.recipe else None
         raise CheckpointError(f"export-gguf: {refusal}" if refusal else f"export-gguf: {error}") from None
-    if getattr(converter, "gguf", None) is None:
+    if converter.gguf is None:
         known = ", ".join(f"{a} ({', '.join(t)})" for a, t in sorted(families().items()))
         raise CheckpointError(f"export-gguf: this model is a Hugging Face {converter.model_type}, which has no "
                               f"llama.cpp architecture in seqzoo; GGUF families: {known}")
