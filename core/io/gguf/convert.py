@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -237,28 +238,32 @@ def _exporter(model: nn.Module, model_type: str | None):
     return converter
 
 
-def _encoded(gguf, name: str, tensor: torch.Tensor, kind: str):
+def _encoded(gguf, name: str, tensor: torch.Tensor, kind: str, fallbacks: list[str]):
     """(array for the writer, raw GGML type or None); vectors and llama.cpp's float32 matrices stay
-    F32. A block type the row length cannot take is refused with the tensor named."""
+    F32. A matrix whose rows a block type cannot divide is written F16, as llama.cpp's converter
+    writes it, and named in ``fallbacks``."""
     t = tensor.detach().to("cpu", torch.float32).contiguous()
     if t.dim() < 2 or name.endswith(("_norm.weight", ".bias")) or name.endswith(KEEP_F32):
         kind = "F32"
+    if kind not in ("F32", "F16", "BF16"):
+        qtype = getattr(gguf.GGMLQuantizationType, kind)
+        if t.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+            fallbacks.append(f"{name} (rows of {t.shape[-1]})")
+            kind = "F16"
     if kind == "F32":
         return t.numpy(), None
     if kind == "F16":
         return t.to(torch.float16).numpy(), None
     qtype = getattr(gguf.GGMLQuantizationType, kind)
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
-    if t.shape[-1] % block:
-        raise CheckpointError(f"export-gguf: {name} has rows of {t.shape[-1]} values, not a multiple of {kind}'s "
-                              f"block of {block}; use F16, BF16 or F32 for this model")
+    # BF16 and the block types go through the package's own quantiser, as bytes of that type
     return gguf.quants.quantize(t.numpy(), qtype), qtype
 
 
 def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", model_type: str | None = None) -> Path:
     """Write a seqzoo model as a GGUF file llama.cpp runs, with its tokenizer. ``dtype``: the
     matrices' type — F32 (exact), F16, BF16 or a block quantisation (Q8_0, Q4_0, Q4_1, Q5_0,
-    Q5_1) through the gguf package; norms and biases stay F32. ``model_type`` picks the HF family
+    Q5_1) through the gguf package; norms and biases stay F32, and a matrix whose rows the block
+    does not divide is written F16 with a warning naming it. ``model_type`` picks the HF family
     where several fit. Everything is checked before the file is opened. Returns the path."""
     gguf = gguf_package()
     if dtype not in WRITABLE:
@@ -290,7 +295,12 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
         stored[OUTPUT] = stored[EMBEDDING]  # a tied head, written out: llama.cpp will not reuse the embedding
     rows = int(stored[EMBEDDING].shape[0])
     vocab = tokens.byte_level_bpe(model, rows)
-    encoded = {name: _encoded(gguf, name, tensor, dtype) for name, tensor in stored.items()}
+    fallbacks: list[str] = []
+    encoded = {name: _encoded(gguf, name, tensor, dtype, fallbacks) for name, tensor in stored.items()}
+    if fallbacks:
+        block = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, dtype)][0]
+        warnings.warn(f"export-gguf: {few(fallbacks)}: {dtype}'s blocks of {block} do not divide these rows; they "
+                      f"are written as F16, as llama.cpp's converter writes them", stacklevel=2)
     out = Path(path)
     writer = gguf.GGUFWriter(str(out), arch.name)
     writer.add_name(str(model.recipe.get("name", "seqzoo model")))

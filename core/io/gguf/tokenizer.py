@@ -19,6 +19,10 @@ from ...registry import tokenizer
 #: split first (SmolLM, StarCoder).
 GPT2_PRE = ("gpt-2", "gpt2", "default", "mpt", "olmo", "jais", "phi-2", "modern-bert")
 DIGITS_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
+#: llama.cpp refuses a BPE vocabulary without merges and GGUF cannot hold an empty list, so the
+#: bytes tokenizer is written with this one merge, which never applies: GPT-2's split puts a letter
+#: and a digit in different pieces. Its result is no token, and the import drops such merges.
+NEVER_MERGED = "a 1"
 #: GGUF token types (llama.cpp's llama_token_type).
 NORMAL, CONTROL, UNUSED = 1, 3, 5
 
@@ -79,7 +83,7 @@ def write(writer, bpe: dict, ids: dict) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(bpe["pre"])
     writer.add_token_list(bpe["tokens"])
-    writer.add_token_merges(bpe["merges"])
+    writer.add_token_merges(bpe["merges"] or [NEVER_MERGED])
     writer.add_token_types(bpe["types"])
     for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
                      ("pad_token_id", writer.add_pad_token_id)):
@@ -101,8 +105,9 @@ def read(meta: dict, where: str) -> str:
                               f"{', '.join(GPT2_PRE + DIGITS_PRE)}")
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens)))
-    merges = [tuple(pair.split(" ", 1)) for pair in meta.get("tokenizer.ggml.merges", [])]
     vocab = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind != UNUSED}
+    pairs = [tuple(pair.split(" ", 1)) for pair in meta.get("tokenizer.ggml.merges", [])]
+    merges = [pair for pair in pairs if "".join(pair) in vocab]  # a merge to no token never applies
     bpe = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     bpe.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])

