@@ -104,6 +104,7 @@ def test_the_cli_offers_every_type_to_gguf_writes():
 # -- refusals -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("make, model_type, message", [
     (lambda: shipped("tiny-gru-mixer"), None, r"a recurrent \(gru\) mixer: GGUF has no architecture with it"),
+    (lambda: shipped("tiny-hybrid"), None, r"a Hugging Face bamba; seqzoo writes no GGUF form of that family yet"),
     (lambda: shipped("tiny-llama", "model.attention.score=additive"), None, r"the additive attention score"),
     (lambda: shipped("tiny-mistral"), None, r"llama architecture has no sliding window: this model attends to its "
                                             r"last 8 tokens"),
@@ -176,3 +177,17 @@ def test_files_seqzoo_cannot_read_are_refused_with_the_key_named(tmp_path):
     assert keys
     with pytest.raises(CheckpointError, match=r"metadata llama\.attention\.sliding_window is not read by seqzoo"):
         from_gguf(tmp_path / "w.gguf")
+
+
+def test_the_cli_writes_a_named_family_and_refuses_in_one_line(tmp_path, capsys):
+    from seqzoo.cli import main
+
+    seqzoo.save(from_config("phi3", partial_rotary_factor=0.5), tmp_path / "phi.safetensors")
+    assert main(["export-gguf", str(tmp_path / "phi.safetensors"), str(tmp_path / "phi.gguf"),
+                 "--model-type", "phi3", "--type", "Q8_0"]) == 0
+    assert GGUFFile(tmp_path / "phi.gguf").architecture == "phi3"
+    assert "phi3, 2 layers, dim 64" in capsys.readouterr().out
+    seqzoo.save(shipped("tiny-gru-mixer"), tmp_path / "gru.safetensors")
+    assert main(["export-gguf", str(tmp_path / "gru.safetensors"), str(tmp_path / "gru.gguf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a recurrent (gru) mixer" in err[0]

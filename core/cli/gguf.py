@@ -14,18 +14,19 @@ def register_cli(add):
     """Add ``import-gguf`` and ``export-gguf``; returns {command: handler}."""
     from ..io.gguf_types import WRITABLE
 
-    p = add("import-gguf", help="convert a llama GGUF file (llama.cpp) into a seqzoo checkpoint")
+    p = add("import-gguf", help="convert a GGUF file (llama.cpp) of any family in docs/gguf.md into a seqzoo checkpoint")
     p.add_argument("file", help="a .gguf file (F32, F16, BF16 or quantised tensors)")
     p.add_argument("-o", "--output", required=True, help="seqzoo checkpoint to write (.safetensors)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="parameter dtype (float32: quantised tensors are dequantised)")
     p.add_argument("--recipe", metavar="FILE.yaml", help="also write the recipe (for `seqzoo show`)")
-    p = add("export-gguf", help="write a LLaMA-family seqzoo checkpoint as a llama GGUF file")
+    p = add("export-gguf", help="write a seqzoo checkpoint as a GGUF file llama.cpp runs (families: docs/gguf.md)")
     p.add_argument("checkpoint", help="a .safetensors file written by seqzoo")
     p.add_argument("file", help="the .gguf file to write")
     # Every type to_gguf writes: F32 (exact), F16, BF16 and the block quantisations.
     p.add_argument("--type", choices=list(WRITABLE), default="F32",
                    help="tensor type of the matrices (F32: exact; norms stay F32)")
+    p.add_argument("--model-type", help="the Hugging Face family to write it as, where several fit (phi3, ...)")
     return {"import-gguf": cmd_import_gguf, "export-gguf": cmd_export_gguf}
 
 
@@ -48,6 +49,6 @@ def cmd_export_gguf(args) -> int:
     from ..io.checkpoint import load
     from ..io.gguf import gguf_summary, to_gguf
 
-    out = to_gguf(load(args.checkpoint, device="cpu"), args.file, dtype=args.type)
+    out = to_gguf(load(args.checkpoint, device="cpu"), args.file, dtype=args.type, model_type=args.model_type)
     print(f"exported {args.checkpoint} as {gguf_summary(out)} -> {out}")
     return 0

@@ -233,8 +233,8 @@ def _exporter(model: nn.Module, model_type: str | None):
         raise CheckpointError(f"export-gguf: {refusal}" if refusal else f"export-gguf: {error}") from None
     if converter.gguf is None:
         known = ", ".join(f"{a} ({', '.join(t)})" for a, t in sorted(families().items()))
-        raise CheckpointError(f"export-gguf: this model is a Hugging Face {converter.model_type}, which has no "
-                              f"llama.cpp architecture in seqzoo; GGUF families: {known}")
+        raise CheckpointError(f"export-gguf: this model is a Hugging Face {converter.model_type}; seqzoo writes no "
+                              f"GGUF form of that family yet (it writes: {known})")
     return converter
 
 
