@@ -14,7 +14,7 @@ def register_cli(add):
     """Add ``import-gguf`` and ``export-gguf``; returns {command: handler}."""
     from ..io.gguf_types import WRITABLE
 
-    p = add("import-gguf", help="convert a GGUF file (llama.cpp) of any family in docs/gguf.md into a seqzoo checkpoint")
+    p = add("import-gguf", help="convert a GGUF file (llama.cpp) into a seqzoo checkpoint (families: docs/gguf.md)")
     p.add_argument("file", help="a .gguf file (F32, F16, BF16 or quantised tensors)")
     p.add_argument("-o", "--output", required=True, help="seqzoo checkpoint to write (.safetensors)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
