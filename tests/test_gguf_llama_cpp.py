@@ -69,7 +69,7 @@ def llama_cpp_run(path, ids: list[int], vocab: int) -> tuple[np.ndarray, list[in
 #: moves a Gemma 3 of six GeGLU layers by up to 2e-3 of the largest logit: its check uses two layers.
 #: type -> (a top-2 margin, as a share of the largest logit, beyond llama.cpp's rounding of the
 #: activations; the median logit difference it leaves), measured on these models.
-NOISE = {"F16": (0.01, 1e-3), "Q8_0": (0.1, 3e-2)}
+NOISE = {"F16": (0.01, 2e-3), "Q8_0": (0.1, 5e-2)}
 BUILDERS = {**FAMILIES, "gemma3": (lambda: shipped("tiny-gemma3", "model.layers=2", "model.pattern=[local, global]"),
                                    None)}
 
@@ -108,7 +108,7 @@ def test_llama_cpp_computes_what_seqzoo_computes(family, kind, models, tmp_path)
     decided = (top2[:, 1] - top2[:, 0]) / largest > noise
     same = theirs.argmax(-1) == logits.argmax(-1)
     assert same[decided].all(), f"{family} {kind}: top-1 differs where seqzoo's margin exceeds {noise:.0%}"
-    assert same.mean() >= 0.95, f"{family} {kind}: top-1 differs at {1 - same.mean():.0%} of the positions"
+    assert same.mean() >= 0.9, f"{family} {kind}: top-1 differs at {1 - same.mean():.0%} of the positions"
 
 
 def test_llama_cpp_tokenizes_text_as_seqzoo_does(tmp_path):

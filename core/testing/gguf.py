@@ -53,6 +53,13 @@ FAMILIES = {
     "falcon-mamba (mamba)": (lambda: from_config("falcon_mamba", intermediate_size=128, state_size=8,
                                                  time_step_rank=4, layer_norm_epsilon=1e-5, mixer_rms_eps=1e-5), None),
     "mamba2": (lambda: shipped("tiny-mamba2"), None),
+    "jamba": (lambda: from_config("jamba", num_hidden_layers=4, num_key_value_heads=2, num_experts=4,
+                                  num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,
+                                  expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_d_conv=4,
+                                  mamba_expand=2, mamba_dt_rank=4), None),
+    "gpt-oss": (lambda: from_config("gpt_oss", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"]), None),
 }
 
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 
+import torch
 from torch import nn
 
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import EXPERT_KEYS, LLAMA_KEYS, GGUFArch, Key, Transform
+from seqzoo.io.gguf.arch import layer_types, sliding_flags
 from seqzoo.io.hf import Rule, first_problem, kind_of, layer_pattern
 from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter, DecoderFamily
 from seqzoo.registry import builtin
@@ -25,6 +28,32 @@ from ._moe import stacked_expert_rules, without_layout
 
 #: transformers' layer_types names and the recipe's.
 KINDS = {"sliding_attention": "local", "full_attention": "global"}
+
+
+def interleaved_gate_up(hf: str, gguf_name: str | None, config) -> Rule:
+    """gpt-oss's experts.gate_up_proj (E, C, 2F), gate at even and up at odd columns, as llama.cpp's
+    ffn_gate_exps and ffn_up_exps (E, F, C); its bias (E, 2F) likewise as two (E, F)."""
+    block = hf.split(".")[2]
+    part = "bias" if hf.endswith("_bias") else "weight"
+    names = (f"blk.{block}.ffn_gate_exps.{part}", f"blk.{block}.ffn_up_exps.{part}")
+    if part == "bias":
+        return Rule(hf, names, lambda g, u: torch.stack([g, u], -1).flatten(-2),
+                    lambda t: (t[..., 0::2].contiguous(), t[..., 1::2].contiguous()))
+    return Rule(hf, names, lambda g, u: torch.stack([g.transpose(1, 2), u.transpose(1, 2)], -1).flatten(-2),
+                lambda t: (t[..., 0::2].transpose(1, 2).contiguous(), t[..., 1::2].transpose(1, 2).contiguous()))
+
+
+def experts_transposed(hf: str, gguf_name: str | None, config) -> Rule:
+    """experts.down_proj (E, F, C) as llama.cpp's ffn_down_exps (E, C, F)."""
+    name = f"blk.{hf.split('.')[2]}.ffn_down_exps.weight"
+    return Rule(hf, (name,), lambda t: t.transpose(1, 2).contiguous(), lambda t: (t.transpose(1, 2).contiguous(),))
+
+
+def gpt_oss_gguf_problem(config) -> str | None:
+    if (config["swiglu_alpha"], config["swiglu_limit"]) != (1.702, 7.0):
+        return (f"llama.cpp's gpt-oss clamps its SwiGLU at α 1.702, limit 7.0; this model's are "
+                f"{config['swiglu_alpha']}, {config['swiglu_limit']}")
+    return None
 
 
 @builtin("Hugging Face gpt-oss <-> decoder_lm (sinks, alternating windows, top-k softmax experts with the "
@@ -41,6 +70,21 @@ class GptOssConverter(DecoderConverter):
                   "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "attention_bias": True,
                   "sliding_window": 128, "layer_types": None, "num_local_experts": 128, "num_experts_per_tok": 4,
                   "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "router_aux_loss_coef": 0.001})
+    # llama.cpp's gpt-oss: experts split from the interleaved gate/up and laid out per expert as
+    # [E, F, C], the clamped SwiGLU's constants and the softmax over the chosen experts hard-coded.
+    gguf = GGUFArch("gpt-oss", renames={r"experts\.down_proj_bias$": "experts.down_proj.bias",
+                                        r"self_attn\.sinks$": "self_attn.sinks.weight"},
+                    keys=LLAMA_KEYS + EXPERT_KEYS + (
+                        Key("expert_feed_forward_length", "intermediate_size"),
+                        Key("attention.sliding_window", "sliding_window")),
+                    output="required", problem=gpt_oss_gguf_problem,
+                    transforms=(Transform(r"experts\.gate_up_proj$", interleaved_gate_up),
+                                Transform(r"experts\.gate_up_proj_bias$", interleaved_gate_up),
+                                Transform(r"experts\.down_proj$", experts_transposed)),
+                    export=lambda c: {"rope.dimension_count": c["head_dim"],
+                                      "attention.sliding_window_pattern": sliding_flags(c)},
+                    config=lambda get: {"layer_types": layer_types(get("attention.sliding_window_pattern")),
+                                        "attention_bias": True, "swiglu_alpha": 1.702, "swiglu_limit": 7.0})
 
     def layer_kinds(self, c: dict) -> list[str]:
         """``local`` or ``global`` per layer (transformers' default: sliding at even layers)."""

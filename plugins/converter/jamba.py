@@ -24,6 +24,8 @@ from torch import nn
 
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFArch, Key, Transform
+from seqzoo.io.gguf.arch import a_from_log, conv_squeezed, layer_period
 from seqzoo.io.hf import (
     CausalLMConverter,
     Rule,
@@ -56,6 +58,46 @@ def period_offset(flags: list[bool]) -> tuple[int, int] | None:
     return None
 
 
+#: llama.cpp's jamba metadata from config.json (the KV heads per layer and the inner width are derived).
+JAMBA_KEYS = (Key("block_count", "num_hidden_layers"), Key("context_length", "max_position_embeddings"),
+              Key("embedding_length", "hidden_size"), Key("feed_forward_length", "intermediate_size"),
+              Key("attention.head_count", "num_attention_heads"), Key("ssm.conv_kernel", "mamba_d_conv"),
+              Key("ssm.state_size", "mamba_d_state"), Key("ssm.time_step_rank", "mamba_dt_rank"),
+              Key("attention.layer_norm_rms_epsilon", "rms_norm_eps", "f32"), Key("expert_count", "num_experts"),
+              Key("expert_used_count", "num_experts_per_tok"))
+
+
+def attention_kv_heads(config) -> list[int]:
+    """KV heads per layer: the model's on attention layers, 0 on Mamba layers."""
+    period, offset = config["attn_layer_period"], config["attn_layer_offset"]
+    return [config["num_key_value_heads"] if i >= offset and (i - offset) % period == 0 else 0
+            for i in range(config["num_hidden_layers"])]
+
+
+def jamba_gguf_problem(config) -> str | None:
+    if config["mamba_expand"] != 2:
+        return f"llama.cpp's jamba needs Mamba layers of expansion 2; this model's is {config['mamba_expand']}"
+    if config.get("mamba_proj_bias") or not config.get("mamba_conv_bias", True):
+        return "llama.cpp's jamba has Mamba projections without biases and a conv with one; this model differs"
+    if config["hidden_size"] % config["num_attention_heads"]:
+        return "llama.cpp's jamba needs heads × head size = hidden size"
+    return None
+
+
+def jamba_gguf_config(get) -> dict:
+    kv = list(get("attention.head_count_kv"))
+    period, offset = layer_period([k > 0 for k in kv], "attention")
+    return {"attn_layer_period": period, "attn_layer_offset": offset, "num_key_value_heads": max(kv),
+            "mamba_expand": get("ssm.inner_size") // get("embedding_length"), "mamba_proj_bias": False,
+            "mamba_conv_bias": True}
+
+
+def jamba_gguf_experts(names) -> dict:
+    layers = 1 + max(int(n.split(".")[1]) for n in names if n.startswith("blk."))
+    period, offset = layer_period([f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)], "expert")
+    return {"expert_layer_period": period, "expert_layer_offset": offset}
+
+
 @builtin("Hugging Face Jamba <-> decoder_lm (Mamba and attention layers, experts in every other layer)")
 class JambaConverter(CausalLMConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
@@ -65,6 +107,13 @@ class JambaConverter(CausalLMConverter):
 
     model_type = "jamba"
     architecture = "JambaForCausalLM"
+    # llama.cpp's jamba: which layers attend is the per-layer KV head count (0 on Mamba layers),
+    # which are sparse is whether a layer has a router; the Mamba layers as llama.cpp's mamba's.
+    gguf = GGUFArch("jamba", keys=JAMBA_KEYS, rope=False, problem=lambda c: jamba_gguf_problem(c),
+                    transforms=(Transform(r"A_log$", a_from_log), Transform(r"conv1d\.weight$", conv_squeezed)),
+                    export=lambda c: {"attention.head_count_kv": attention_kv_heads(c),
+                                      "ssm.inner_size": c["mamba_expand"] * c["hidden_size"]},
+                    config=lambda get: jamba_gguf_config(get), from_tensors=lambda names: jamba_gguf_experts(names))
     base_prefix = "model."
     embedding = "model.embed_tokens.weight"
     defaults = {"vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,

@@ -13,7 +13,8 @@ Three things say everything a family needs:
   ``Rule`` pair of functions in both directions (``seqzoo.io.hf.rules``, the HF converters' own
   mechanism, with the HF tensor as the "target" and the GGUF tensors as its "sources").
 
-``export`` / ``config`` hooks hold what is not a plain key (layer patterns, RoPE scaling), and
+``export`` / ``config`` hooks hold what is not a plain key (layer patterns, RoPE scaling), with
+``from_tensors`` for what only the file's tensor names tell (Jamba's sparse layers), and
 ``problem`` what llama.cpp hard-codes and a model may not match (a refusal, never a wrong file).
 """
 from __future__ import annotations
@@ -86,6 +87,7 @@ class GGUFArch:
     config: Callable[[Mapping, Callable[[str, Any], Any]], dict] | None = None
     problem: Callable[[Mapping], str | None] | None = None
     fixed: Mapping[str, Any] = field(default_factory=dict)
+    from_tensors: Callable[[frozenset[str]], dict] | None = None
 
     def key(self, name: str) -> str:
         return f"{self.name}.{name}"
@@ -247,3 +249,16 @@ def window_within_context(config: Mapping) -> str | None:
                 f"tokens, llama.cpp would attend to all {context}; export it with model.attention.window null "
                 f"(or at least max_seq_len)")
     return None
+
+
+def layer_period(flags: list[bool], what: str) -> tuple[int, int]:
+    """(period, offset) of the layers ``flags`` marks, which must be regular: layer i is marked
+    when i >= offset and (i - offset) % period == 0 (Jamba's attention and expert layers)."""
+    marked = [i for i, flag in enumerate(flags) if flag]
+    if not marked:
+        raise ValueError(f"no {what} layer")
+    offset = marked[0]
+    period = marked[1] - marked[0] if len(marked) > 1 else len(flags)
+    if [i >= offset and (i - offset) % period == 0 for i in range(len(flags))] != list(flags):
+        raise ValueError(f"the {what} layers {marked} are not every {period}th from {offset}")
+    return period, offset

@@ -124,6 +124,9 @@ def rope_metadata(config: Mapping) -> dict[str, Any]:
         for key, name in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
             if p.get(key) is not None:
                 out[f"rope.scaling.{name}"] = float(p[key])
+        if p.get("truncate") is False:
+            raise CheckpointError("export-gguf: this YaRN keeps its correction range fractional (truncate: false); "
+                                  "llama.cpp rounds it to whole dimensions")
         if p.get("attention_factor") is not None:
             raise CheckpointError("export-gguf: YaRN's attention_factor is set explicitly; llama.cpp derives it from "
                                   "the factor (0.1·ln(factor) + 1) and has no key for another value")
@@ -363,6 +366,8 @@ def hf_config(source: GGUFFile, converter, arch: GGUFArch) -> dict:
         config["rope_parameters"] = rope_parameters(source.get)
     if arch.config:
         config.update(arch.config(source.get))
+    if arch.from_tensors:
+        config.update(arch.from_tensors(frozenset(source.tensors)))
     if OUTPUT not in source.tensors:
         config["tie_word_embeddings"] = True
     else:  # a head equal to the embedding is a tied one written out (required by some architectures)
