@@ -34,7 +34,8 @@ def test_every_family_round_trips_exactly_in_f32(family, tmp_path):
 
 def test_the_table_of_families_names_every_llama_cpp_architecture():
     assert families() == {
-        "bloom": ["bloom"], "gemma2": ["gemma2"], "gemma3": ["gemma3_text"], "gpt2": ["gpt2"],
+        "bloom": ["bloom"], "deepseek2": ["deepseek_v3"],
+        "gemma2": ["gemma2"], "gemma3": ["gemma3_text"], "gpt2": ["gpt2"],
         "gptneox": ["gpt_neox"], "gpt-oss": ["gpt_oss"], "jamba": ["jamba"],
         "llama": ["llama", "mistral", "mixtral"], "mamba": ["falcon_mamba", "mamba"],
         "mamba2": ["mamba2"], "olmo2": ["olmo2"], "olmoe": ["olmoe"], "phi3": ["phi3"], "qwen2": ["qwen2"],

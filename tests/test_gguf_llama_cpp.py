@@ -7,6 +7,7 @@ back with ``from_gguf``: the check is of llama.cpp's computation, not of the typ
 Slow (each family writes and loads three files); skipped without the bindings."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -21,6 +22,9 @@ from seqzoo.testing.gguf import FAMILIES, shipped
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
+#: Routers scaled so a token's experts are clear: a softmax router by 30, a sigmoid one (DeepSeek's)
+#: by 5, as more would saturate it into ties between experts scoring 1.0.
+ROUTER_SCALE = {"softmax": 30, "sigmoid": 5}
 PROMPT = list(b"The interpreter reads the program and runs it, line by line.")  # byte ids
 STEPS = 32
 
@@ -31,10 +35,11 @@ def decisive(model: torch.nn.Module) -> torch.nn.Module:
     are clear: a random model's near-ties would make decoding and routing coin tosses under any
     rounding."""
     parity.randomised(model)
+    scale = ROUTER_SCALE["sigmoid" if "sigmoid" in json.dumps(model.recipe["model"]) else "softmax"]
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("router.weight"):
-                parameter.mul_(30)
+                parameter.mul_(scale)
         weight = model.state_dict()["decoder.final_norm.weight"]
         gemma = model.recipe["model"]["norm"]["kind"] == "gemma_rmsnorm"
         weight.copy_((1 + weight) * 8 - 1 if gemma else weight * 8)

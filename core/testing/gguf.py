@@ -60,6 +60,10 @@ FAMILIES = {
     "gpt-oss": (lambda: from_config("gpt_oss", num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                     num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=8,
                                     layer_types=["sliding_attention", "full_attention"]), None),
+    "deepseek2": (lambda: from_config("deepseek_v3", num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
+                                      kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                      n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                      moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1), None),
 }
 
 

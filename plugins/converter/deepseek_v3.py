@@ -28,6 +28,7 @@ from torch import nn
 
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFArch, Key
 from seqzoo.io.hf import (
     CausalLMConverter,
     Rule,
@@ -59,6 +60,38 @@ def mla_scale(params: dict, qk_head_dim: int) -> float:
     return scale
 
 
+#: llama.cpp's deepseek2 metadata from config.json (head sizes and ranks are derived in the hook).
+DEEPSEEK_KEYS = (
+    Key("block_count", "num_hidden_layers"), Key("context_length", "max_position_embeddings"),
+    Key("embedding_length", "hidden_size"), Key("feed_forward_length", "intermediate_size"),
+    Key("attention.head_count", "num_attention_heads"), Key("attention.kv_lora_rank", "kv_lora_rank"),
+    Key("attention.layer_norm_rms_epsilon", "rms_norm_eps", "f32"),
+    Key("leading_dense_block_count", "first_k_dense_replace"),
+    Key("expert_feed_forward_length", "moe_intermediate_size"), Key("expert_count", "n_routed_experts"),
+    Key("expert_used_count", "num_experts_per_tok"), Key("expert_shared_count", "n_shared_experts"),
+    Key("expert_weights_scale", "routed_scaling_factor", "f32"), Key("expert_weights_norm", "norm_topk_prob", "bool"),
+    Key("expert_group_count", "n_group"), Key("expert_group_used_count", "topk_group"))
+
+
+def deepseek_gguf_problem(config) -> str | None:
+    if (config.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+        return "seqzoo writes DeepSeek's GGUF with plain RoPE only (its YaRN attention scale is not written yet)"
+    if not config.get("rope_interleave", True):
+        return "llama.cpp's deepseek2 reads interleaved RoPE weights (rope_interleave: true); this model's are not"
+    groups = config["n_group"]
+    if groups > 1 and not (config["topk_group"] < groups < config["n_routed_experts"]):
+        return (f"llama.cpp's deepseek2 needs topk_group < n_group < experts; this model has {config['topk_group']}, "
+                f"{groups}, {config['n_routed_experts']}")
+    return None
+
+
+def deepseek_gguf_config(get) -> dict:
+    rope = get("rope.dimension_count")
+    return {"num_key_value_heads": get("attention.head_count_kv"), "qk_rope_head_dim": rope,
+            "qk_nope_head_dim": get("attention.key_length") - rope, "v_head_dim": get("attention.value_length"),
+            "head_dim": rope, "q_lora_rank": get("attention.q_lora_rank") or None, "rope_interleave": True}
+
+
 @builtin("Hugging Face DeepSeek-V3 <-> decoder_lm (latent attention, sigmoid group-limited experts with a "
          "shared one, dense first layers)")
 class DeepseekV3Converter(CausalLMConverter):
@@ -71,6 +104,17 @@ class DeepseekV3Converter(CausalLMConverter):
 
     model_type = "deepseek_v3"
     architecture = "DeepseekV3ForCausalLM"
+    # llama.cpp's deepseek2, in its decompressed form (kv_b as one tensor: latent attention run as
+    # multi-head attention), sigmoid routing over expert groups with the score-correction bias.
+    gguf = GGUFArch("deepseek2", keys=DEEPSEEK_KEYS,
+                    renames={r"gate\.e_score_correction_bias$": "gate.e_score_correction.bias"},
+                    fixed={"expert_gating_func": 2}, problem=lambda c: deepseek_gguf_problem(c),
+                    export=lambda c: {"attention.head_count_kv": c["num_attention_heads"],
+                                      "attention.key_length": c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
+                                      "attention.value_length": c["v_head_dim"],
+                                      "attention.q_lora_rank": c["q_lora_rank"] or 0,
+                                      "rope.dimension_count": c["qk_rope_head_dim"]},
+                    config=lambda get: deepseek_gguf_config(get))
     base_prefix = "model."
     embedding = "model.embed_tokens.weight"
     ignored = (r"rotary_emb\.\w*inv_freq$",)
