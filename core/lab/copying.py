@@ -41,9 +41,12 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
     return [c for c in found if layers >= c.min_layers]
 
 
+#: The budget the calibration fixed: hard-ALiBi attention at 2,000 steps (lr 1e-3, seed 0) copied
+#: 1.000 / 0.977 / 0.953 of the strings of length 8 / 16 / 32 exactly, under the 0.99 the validity
+#: rule asks, with per-symbol accuracy 0.999: twice the steps.
 FULL = {"dim": 64, "heads": 4, "hidden": 256, "layers": [4], "alphabet": 26, "max_len": 32,
-        "lengths": [8, 16, 32, 64, 128, 256], "steps": 2000, "batch": 64, "rates": [3e-4, 1e-3, 3e-3],
-        "eval": 256, "evals": 10, "seeds": [0, 1, 2], "states": {"mamba": [4, 16, 64], "mamba2": [16, 64]},
+        "lengths": [8, 16, 32, 64, 128, 256], "steps": 4000, "batch": 64, "rates": [3e-4, 1e-3, 3e-3],
+        "eval": 256, "evals": 4, "seeds": [0, 1, 2], "states": {"mamba": [4, 16, 64], "mamba2": [16, 64]},
         "hybrid": True, "rope": True}
 QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "alphabet": 8, "max_len": 4, "lengths": [4, 8],
          "steps": 4, "batch": 8, "rates": [1e-3, 3e-3], "eval": 8, "evals": 2, "seeds": [0],
