@@ -95,6 +95,6 @@ def test_the_check_catches_a_flag_and_a_choice_the_parser_does_not_take():
     bad = sorted(problem for command in invocations(text) for problem in problems(command, root))
     assert bad == ["`seqzoo data prepar SRC`: seqzoo data has no subcommand 'prepar'",
                    "`seqzoo export-gguf CKPT FILE --type F32|Q9_9`: seqzoo export-gguf --type has no choice 'Q9_9' "
-                   "(it takes F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                   "(it takes F32, F16, BF16, Q8_0, Q5_0, Q5_1, Q4_0, Q4_1)",
                    "`seqzoo train tiny-gpt --no-such-flag    -o x.safetensors `: seqzoo train has no option "
                    "--no-such-flag"]
