@@ -31,6 +31,12 @@ def test_quick_mode_writes_table_json_and_png(tmp_path, capsys, name):
     assert "|---|" in capsys.readouterr().out  # the table is printed too
 
 
+def test_workers_caps_how_many_runs_a_study_trains_at_once(tmp_path, capsys):
+    assert main(["experiment", "recall", "--quick", "--workers", "1", "-o", str(tmp_path)]) == 0
+    log = capsys.readouterr().err
+    assert "(1 running, 1 waiting" in log and "2 running" not in log
+
+
 def test_unknown_experiment_exits_2_with_a_suggestion(tmp_path, capsys):
     assert main(["experiment", "extrapolaton", "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

@@ -82,6 +82,23 @@ def test_held_out_rows_come_in_one_group_per_n_and_are_the_same_every_time():
     assert all(a[1]["ids"].equal(b[1]["ids"]) for a, b in zip(groups, again))
 
 
+def test_length_per_pair_gives_each_n_its_own_row_length_in_training_and_held_out():
+    task = make(pairs=[2, 4, 8], keys=16, length_per_pair=4)
+    assert task.seq_len == 32  # the longest row: 4 × the largest N
+    lengths = {}
+    for start in range(0, 400, 8):
+        batch = task.batch(start, 8)
+        n = int((batch["labels"] != IGNORE).sum(1)[0])  # one query per pair
+        lengths.setdefault(n, set()).add(batch["ids"].shape[1])
+    assert lengths == {2: {8}, 4: {16}, 8: {32}}
+    assert [(name, batch["ids"].shape[1]) for name, batch in task.held_out(3, 4)] == [
+        ("N=2", 8), ("N=4", 16), ("N=8", 32)]
+    with pytest.raises(ConfigError, match=r"length_per_pair=3 cannot hold N pairs and their queries"):
+        make(pairs=[2], keys=8, length_per_pair=3)
+    with pytest.raises(ConfigError, match=r"seq_len=64 and length_per_pair=4 disagree"):
+        make(pairs=[2, 4], keys=8, length_per_pair=4, seq_len=64)
+
+
 class Oracle(nn.Module):
     """A 'model' that answers every query right (or, with ``wrong``, one id off) and is unsure
     elsewhere: its accuracy is known exactly."""
