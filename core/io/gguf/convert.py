@@ -185,8 +185,8 @@ def metadata_for(arch: GGUFArch, config: Mapping) -> dict[str, tuple[Any, str | 
 
 
 #: Keys of the architecture a file may carry that change nothing seqzoo reads differently.
-HARMLESS = ("vocab_size", "rope.scaling.finetuned", "rope.scaling.original_context_length", "expert_weights_scale",
-            "attention.causal")
+HARMLESS = ("vocab_size", "rope.scaling.finetuned", "rope.scaling.original_context_length", "attention.causal",
+            "pooling_type")
 
 
 def unread_keys(source: GGUFFile, arch: GGUFArch, config: Mapping) -> list[str]:
@@ -287,7 +287,12 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
         if arch.name != "llama":
             raise CheckpointError(f"{where}: llama.cpp reads Llama 3's RoPE factors (rope_freqs) only for llama")
         stored[ROPE_FREQS] = llama3_factors(parameters, config["head_dim"])
-    for rule in tensor_rules(arch, config, list(tensors), _blocks(arch, config), where):
+    dropped = sorted(n for n in tensors if any(re.search(p, n) for p in arch.drop))
+    if dropped:
+        warnings.warn(f"{where}: {few(dropped)} not written: llama.cpp's {arch.name} has no place for them",
+                      stacklevel=2)
+    kept = [n for n in tensors if n not in dropped]
+    for rule in tensor_rules(arch, config, kept, _blocks(arch, config), where):
         stored.update(zip(rule.sources, rule.save(*(tensors[t] for t in rule.targets)), strict=True))
     if OUTPUT in stored and arch.output == "never":
         if not torch.equal(stored[OUTPUT], stored[EMBEDDING]):
@@ -297,7 +302,7 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
     if OUTPUT not in stored and arch.output == "required":
         stored[OUTPUT] = stored[EMBEDDING]  # a tied head, written out: llama.cpp will not reuse the embedding
     rows = int(stored[EMBEDDING].shape[0])
-    vocab = tokens.byte_level_bpe(model, rows)
+    vocab = tokens.vocabulary(model, rows)
     fallbacks: list[str] = []
     encoded = {name: _encoded(gguf, name, tensor, dtype, fallbacks) for name, tensor in stored.items()}
     if fallbacks:
@@ -314,6 +319,8 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
         _add(writer, key, value, kind)
     tokens.write(writer, vocab, {**special_ids(model), **{k: config.get(k) for k in ("bos_token_id", "eos_token_id")
                                                          if config.get(k) is not None}})
+    if config.get("type_vocab_size"):
+        writer.add_token_type_count(config["type_vocab_size"])
     for name, (array, raw) in encoded.items():
         writer.add_tensor(name, array, raw_dtype=raw)
     writer.write_header_to_file()
@@ -358,6 +365,8 @@ def hf_config(source: GGUFFile, converter, arch: GGUFArch) -> dict:
                                   f"it (llama.cpp refuses the file too)")
         if value is not None:
             config[key.hf] = float(value) if key.kind == "f32" else value
+    if source.meta.get("tokenizer.ggml.token_type_count"):
+        config["type_vocab_size"] = source.meta["tokenizer.ggml.token_type_count"]
     tokens_list = source.meta.get("tokenizer.ggml.tokens")
     config["vocab_size"] = len(tokens_list) if tokens_list is not None else source.shape(EMBEDDING)[0]
     for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
@@ -415,7 +424,9 @@ def from_gguf(path: str | os.PathLike, *, device: str | torch.device | None = No
         weights.update(zip(rule.targets, rule.load_all(*(source.tensor(s) for s in rule.sources)), strict=True))
     spec = {"kind": "hf", "path": None, "bos_id": config["bos_token_id"], "eos_id": config["eos_token_id"],
             "pad_id": config["pad_token_id"],
-            "add_special_tokens": bool(source.meta.get("tokenizer.ggml.add_bos_token"))}
+            # WordPiece files add [CLS] and [SEP] unless they say otherwise, as llama.cpp does
+            "add_special_tokens": bool(source.meta.get("tokenizer.ggml.add_bos_token",
+                                                       source.meta.get("tokenizer.ggml.model") == "bert"))}
     return load_converted(converter, config, weights, source.path, device=device, dtype=dtype or "float32",
                           tokenizer_text=tokens.read(source.meta, where), tokenizer_spec=spec)
 

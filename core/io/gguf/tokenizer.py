@@ -1,5 +1,7 @@
 """Tokenizers in GGUF metadata: byte-level BPE (``tokenizer.ggml.model`` gpt2) both ways, with the
-pre-tokenizer name llama.cpp splits text by (``tokenizer.ggml.pre``).
+pre-tokenizer name llama.cpp splits text by (``tokenizer.ggml.pre``), and BERT's WordPiece
+(``bert``), whose tokens llama.cpp spells with a phantom space: a word-initial piece ``x`` is
+``▁x`` and a continuation ``##x`` is ``x``.
 
 seqzoo's ``bytes`` tokenizer is written as a byte-level BPE with no merges: one token per byte, in
 byte order, then its special tokens, so llama.cpp tokenizes text exactly as seqzoo does (with no
@@ -37,6 +39,38 @@ def document(model: nn.Module) -> dict:
     return json.loads(text)
 
 
+def vocabulary(model: nn.Module, vocab_size: int) -> dict:
+    """The model's tokenizer as GGUF metadata: byte-level BPE or WordPiece (see ``write``)."""
+    doc = document(model)
+    if (doc.get("model") or {}).get("type") == "WordPiece":
+        return wordpiece(doc, vocab_size)
+    return byte_level_bpe(model, vocab_size)
+
+
+def wordpiece(doc: dict, vocab_size: int) -> dict:
+    """BERT's WordPiece in llama.cpp's spelling, with its lowercasing and accent stripping."""
+    piece = doc["model"]
+    prefix = piece.get("continuing_subword_prefix", "##")
+    normalizer = doc.get("normalizer") or {}
+    if normalizer.get("type") != "BertNormalizer":
+        raise CheckpointError(f"export-gguf: the WordPiece tokenizer normalises with {normalizer.get('type')!r}; "
+                              f"llama.cpp's bert tokenizer applies BERT's normalizer only")
+    special = {t["content"]: t["id"] for t in doc.get("added_tokens", []) if t.get("special")}
+    tokens: list[str | None] = [None] * vocab_size
+    for token, index in piece["vocab"].items():
+        if index >= vocab_size:
+            raise CheckpointError(f"export-gguf: the tokenizer has id {index}, beyond the model's vocab_size")
+        tokens[index] = token if token in special else token[len(prefix):] if token.startswith(prefix) \
+            else "\u2581" + token
+    types = [CONTROL if t is not None and i in special.values() else NORMAL if t is not None else UNUSED
+             for i, t in enumerate(tokens)]
+    lowercase = bool(normalizer.get("lowercase", True))
+    strip = normalizer.get("strip_accents")
+    return {"model": "bert", "tokens": [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)],
+            "types": types, "lowercase": lowercase, "strip_accents": lowercase if strip is None else bool(strip),
+            "unknown": piece.get("unk_token", "[UNK]"), "special": special}
+
+
 def byte_level_bpe(model: nn.Module, vocab_size: int) -> dict:
     """{"tokens", "merges", "types", "pre"} of the model's byte-level BPE, the token list padded
     with unused ``[PAD{i}]`` entries to the embedding's ``vocab_size`` rows (llama.cpp counts the
@@ -61,7 +95,7 @@ def byte_level_bpe(model: nn.Module, vocab_size: int) -> dict:
     types = [CONTROL if i in special else NORMAL if t is not None else UNUSED for i, t in enumerate(tokens)]
     tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in bpe.get("merges", [])]
-    return {"tokens": tokens, "merges": merges, "types": types, "pre": pre_name(doc, bool(merges))}
+    return {"model": "gpt2", "tokens": tokens, "merges": merges, "types": types, "pre": pre_name(doc, bool(merges))}
 
 
 def pre_name(doc: dict, merges: bool) -> str:
@@ -78,13 +112,25 @@ def pre_name(doc: dict, merges: bool) -> str:
                           f"(GPT-2's regex: gpt-2; digits split first: smollm)")
 
 
-def write(writer, bpe: dict, ids: dict) -> None:
-    """The tokenizer's metadata: model, pre, tokens, merges, types and the special ids."""
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(bpe["pre"])
-    writer.add_token_list(bpe["tokens"])
-    writer.add_token_merges(bpe["merges"] or [NEVER_MERGED])
-    writer.add_token_types(bpe["types"])
+def write(writer, vocab: dict, ids: dict) -> None:
+    """The tokenizer's metadata: model, pre, tokens, merges or normalizer, types, special ids."""
+    writer.add_tokenizer_model(vocab["model"])
+    writer.add_token_list(vocab["tokens"])
+    writer.add_token_types(vocab["types"])
+    if vocab["model"] == "bert":
+        writer.add_tokenizer_pre("default")
+        writer.add_bool("tokenizer.ggml.normalizer.lowercase", vocab["lowercase"])
+        writer.add_bool("tokenizer.ggml.normalizer.strip_accents", vocab["strip_accents"])
+        special = vocab["special"]
+        for name, token in (("unknown", vocab["unknown"]), ("seperator", "[SEP]"), ("cls", "[CLS]"),
+                            ("padding", "[PAD]"), ("mask", "[MASK]")):
+            if token in special:
+                writer.add_uint32(f"tokenizer.ggml.{name}_token_id", special[token])
+        writer.add_add_bos_token(True)  # [CLS] text [SEP], as BERT's own tokenizer encodes
+        writer.add_bool("tokenizer.ggml.add_sep_token", True)
+        return
+    writer.add_tokenizer_pre(vocab["pre"])
+    writer.add_token_merges(vocab["merges"] or [NEVER_MERGED])
     for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
                      ("pad_token_id", writer.add_pad_token_id)):
         if ids.get(key) is not None:
@@ -92,14 +138,43 @@ def write(writer, bpe: dict, ids: dict) -> None:
     writer.add_add_bos_token(False)
 
 
+def read_wordpiece(meta: dict) -> str:
+    """A ``bert`` vocabulary back as BERT's WordPiece tokenizer.json ([CLS] text [SEP])."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    tokens, types = list(meta["tokenizer.ggml.tokens"]), list(meta["tokenizer.ggml.token_type"])
+    vocab = {}
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == CONTROL:
+            vocab[token] = i
+        elif kind != UNUSED:
+            vocab[token[1:] if token.startswith("\u2581") else "##" + token] = i
+    unknown = tokens[meta.get("tokenizer.ggml.unknown_token_id", 100)]
+    piece = Tokenizer(models.WordPiece(vocab, unk_token=unknown))
+    lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", False))
+    piece.normalizer = normalizers.BertNormalizer(
+        lowercase=lowercase, strip_accents=bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase)))
+    piece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    piece.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                              for t, kind in zip(tokens, types) if kind == CONTROL])
+    cls, sep = (meta.get(f"tokenizer.ggml.{n}_token_id") for n in ("cls", "seperator"))
+    if cls is not None and sep is not None:
+        piece.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[cls]} $A {tokens[sep]}", pair=f"{tokens[cls]} $A {tokens[sep]} $B:1 {tokens[sep]}:1",
+            special_tokens=[(tokens[cls], cls), (tokens[sep], sep)])
+    return piece.to_str()
+
+
 def read(meta: dict, where: str) -> str:
     """The file's tokenizer as a tokenizers tokenizer.json text."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
+    if kind == "bert":
+        return read_wordpiece(meta)
     if kind != "gpt2":
         raise CheckpointError(f"{where}: tokenizer.ggml.model {kind!r} is not supported; seqzoo rebuilds "
-                              f"byte-level BPE (gpt2) tokenizers")
+                              f"byte-level BPE (gpt2) and WordPiece (bert) tokenizers")
     if pre not in GPT2_PRE + DIGITS_PRE:
         raise CheckpointError(f"{where}: tokenizer.ggml.pre {pre!r} is not supported; supported: "
                               f"{', '.join(GPT2_PRE + DIGITS_PRE)}")
