@@ -78,7 +78,10 @@ def test_smollm2_tokenizer_equals_transformers_and_splits_digits_as_llama_cpp(pa
 def test_smollm2_file_types_and_summary():
     source = GGUFFile(smollm2())
     assert source.types() == {"Q4_1": 210, "Q8_0": 1, "F32": 61}
-    assert source.config()["num_hidden_layers"] == 30
+    assert source.architecture == "llama" and source.get("block_count") == 30
+    from seqzoo.io.gguf import gguf_summary
+
+    assert gguf_summary(smollm2()).startswith("llama, 30 layers, dim 576, vocab 49152; tensors: 61 F32, 210 Q4_1, 1 Q8_0")
 
 
 # -- round trips on a small model ------------------------------------------------------------------

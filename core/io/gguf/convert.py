@@ -310,7 +310,8 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
         warnings.warn(f"export-gguf: {few(fallbacks)}: {dtype}'s blocks of {block} do not divide these rows; they "
                       f"are written as F16, as llama.cpp's converter writes them", stacklevel=2)
     out = Path(path)
-    writer = gguf.GGUFWriter(str(out), arch.name)
+    partial = out.with_name(out.name + ".partial")  # renamed into place once whole: no half-written file
+    writer = gguf.GGUFWriter(str(partial), arch.name)
     writer.add_name(str(model.recipe.get("name", "seqzoo model")))
     writer.add_file_type(_file_type(gguf, dtype))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -327,6 +328,7 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    os.replace(partial, out)
     return out
 
 
