@@ -81,7 +81,8 @@ def test_smollm2_file_types_and_summary():
     assert source.architecture == "llama" and source.get("block_count") == 30
     from seqzoo.io.gguf import gguf_summary
 
-    assert gguf_summary(smollm2()).startswith("llama, 30 layers, dim 576, vocab 49152; tensors: 61 F32, 210 Q4_1, 1 Q8_0")
+    summary = gguf_summary(smollm2())
+    assert summary.startswith("llama, 30 layers, dim 576, vocab 49152; tensors: 61 F32, 210 Q4_1, 1 Q8_0")
 
 
 # -- round trips on a small model ------------------------------------------------------------------
