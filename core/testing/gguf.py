@@ -67,7 +67,7 @@ FAMILIES = {
 }
 
 #: Encoders llama.cpp runs for their embeddings (the hidden states, not logits).
-ENCODERS = {"bert": (lambda: shipped("tiny-bert"), None)}
+ENCODERS = {"bert": (lambda: shipped("tiny-bert"), None), "modern-bert": (lambda: shipped("tiny-modernbert"), None)}
 
 
 def smollm2_file() -> str | None:

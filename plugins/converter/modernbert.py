@@ -22,6 +22,8 @@ from torch import nn
 
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import GGUFArch, Key
+from seqzoo.io.gguf.arch import layer_types, sliding_flags
 from seqzoo.io.hf import (
     ACTIVATIONS,
     HFConverter,
@@ -71,6 +73,23 @@ def _hf_name(activation: str | dict) -> str | None:
     return activation_name(activation, "gelu_pytorch_tanh")
 
 
+def modernbert_gguf_problem(config) -> str | None:
+    if config.get("norm_bias") or config.get("attention_bias") or config.get("mlp_bias"):
+        return "llama.cpp's modern-bert has no biases; this model has some"
+    ropes = config["rope_parameters"]
+    if any(ropes[kind].get("rope_type", "default") != "default" for kind in ropes):
+        return "llama.cpp's modern-bert reads plain RoPE; this model scales it"
+    return None
+
+
+def modernbert_gguf_config(get) -> dict:
+    flags = list(get("attention.sliding_window_pattern"))
+    return {"layer_types": layer_types(flags), "norm_bias": False, "attention_bias": False, "mlp_bias": False,
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": float(get("rope.freq_base"))},
+                                "sliding_attention": {"rope_type": "default",
+                                                      "rope_theta": float(get("rope.freq_base_swa"))}}}
+
+
 @builtin("Hugging Face ModernBERT <-> encoder (local/global RoPE layers, GeGLU)")
 class ModernBertConverter(HFConverter):
     """config.json keys: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
@@ -80,6 +99,21 @@ class ModernBertConverter(HFConverter):
 
     model_type = "modernbert"
     architecture = "ModernBertModel"
+    # llama.cpp's modern-bert computes embeddings: the masked-LM head and decoder are left out; a
+    # symmetric window on the local layers, their own RoPE base, GeGLU by hidden_activation.
+    gguf = GGUFArch("modern-bert", rope=False, output="never", drop=(r"^head\.", r"^decoder\."),
+                    keys=(Key("block_count", "num_hidden_layers"), Key("context_length", "max_position_embeddings"),
+                          Key("embedding_length", "hidden_size"), Key("feed_forward_length", "intermediate_size"),
+                          Key("attention.head_count", "num_attention_heads"),
+                          Key("attention.layer_norm_epsilon", "norm_eps", "f32"),
+                          Key("attention.sliding_window", "local_attention"),
+                          Key("hidden_activation", "hidden_activation", "str", "gelu")),
+                    fixed={"attention.causal": False}, problem=lambda c: modernbert_gguf_problem(c),
+                    export=lambda c: {"rope.freq_base": float(c["rope_parameters"]["full_attention"]["rope_theta"]),
+                                      "rope.freq_base_swa":
+                                          float(c["rope_parameters"]["sliding_attention"]["rope_theta"]),
+                                      "attention.sliding_window_pattern": sliding_flags(c)},
+                    config=lambda get: modernbert_gguf_config(get))
 
     def config(self, config: dict) -> dict:
         c = HFConfig(config, DEFAULTS)
