@@ -63,7 +63,7 @@ class Transform:
     as sources. The first matching transform wins."""
 
     pattern: str
-    rule: Callable[[str, str, Mapping], Rule]
+    rule: Callable[[str, str | None, Mapping], Rule]
 
 
 @dataclass(frozen=True)
@@ -74,17 +74,23 @@ class GGUFArch:
     one, e.g. Gemma 2). ``imports``: whether a file of this architecture imports as this family,
     or a predicate on its metadata where several families share an architecture (llama: LLaMA,
     Mistral, Mixtral). ``drop``: patterns of HF tensors llama.cpp's graph has no place for (BERT's
-    pooler), left out with a warning."""
+    pooler), left out with a warning.
+
+    The hooks: ``rope`` writes and reads RoPE's base and scaling from ``rope_parameters`` (False:
+    none, or the ``export`` hook does it); ``export(config)`` -> more keys (without the
+    ``{arch}.`` prefix); ``config(get)`` -> more config.json keys on import, ``get(key, default)``
+    reading the file's ``{arch}.`` keys; ``problem(config)`` -> why llama.cpp would compute
+    something else, or None; ``fixed``: keys with one value for every model."""
 
     name: str
     keys: tuple[Key, ...] = LLAMA_KEYS
     transforms: tuple[Transform, ...] = ()
     renames: Mapping[str, str] = field(default_factory=dict)
     output: str = "optional"
-    imports: bool | Callable[[Mapping], bool] = True
+    imports: bool | Callable[[Callable[..., Any]], bool] = True
     rope: bool = True
     export: Callable[[Mapping], dict] | None = None
-    config: Callable[[Mapping, Callable[[str, Any], Any]], dict] | None = None
+    config: Callable[[Callable[..., Any]], dict] | None = None
     problem: Callable[[Mapping], str | None] | None = None
     fixed: Mapping[str, Any] = field(default_factory=dict)
     from_tensors: Callable[[frozenset[str]], dict] | None = None
