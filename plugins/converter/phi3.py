@@ -36,13 +36,6 @@ def phi3_rotary_dims(config) -> int:
     return int(config.get("partial_rotary_factor", 1.0) * head_dim)
 
 
-def phi3_rope_problem(config) -> str | None:
-    kind = (config.get("rope_parameters") or {}).get("rope_type", "default")
-    if kind != "default":
-        return (f"llama.cpp picks Phi-3's LongRoPE factors by its context size, not by the sequence's length as "
-                f"transformers and seqzoo do; this model's RoPE is {kind}, which seqzoo does not write as GGUF")
-    return None
-
 
 @builtin("Hugging Face Phi-3 <-> decoder_lm (fused qkv/gate_up, partial rotary, LongRoPE)")
 class Phi3Converter(DecoderConverter):
@@ -56,13 +49,14 @@ class Phi3Converter(DecoderConverter):
         scalings=("default", "longrope"), partial_rotary=True, named_only=True,
         defaults={**LLAMA_DEFAULTS, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None, "resid_pdrop": 0.0})
-    # llama.cpp's phi3: the fused projections as they are, partial RoPE by its dimension count, no
-    # window (its graph turns Phi's off), no LongRoPE here.
-    gguf = GGUFArch("phi3", problem=first(heads_fill_width, window_within_context, phi3_rope_problem),
+    # llama.cpp's phi3: the fused projections as they are, partial RoPE by its dimension count,
+    # LongRoPE's factors as tensors, no window (its graph turns Phi's off).
+    gguf = GGUFArch("phi3", problem=first(heads_fill_width, window_within_context),
                     export=lambda c: {"rope.dimension_count": phi3_rotary_dims(c)},
                     config=lambda get: {"partial_rotary_factor": get("rope.dimension_count")
                                         / (get("embedding_length") // get("attention.head_count")),
-                                        "original_max_position_embeddings": get("context_length"),
+                                        "original_max_position_embeddings":
+                                            get("rope.scaling.original_context_length", get("context_length")),
                                         "sliding_window": None})
 
     def rope_view(self, config: dict) -> dict:

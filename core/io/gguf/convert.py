@@ -6,6 +6,7 @@ HF tensors to the converter's checked load (``seqzoo.io.hf.load_converted``), li
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -32,8 +33,10 @@ from .reader import GGUFFile, gguf_package
 #: Tensors llama.cpp keeps in float32 whatever the file's type (its converter's policy): besides
 #: every vector, these matrices are read as float32 by its kernels.
 KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "token_types.weight",
-            "ssm_conv1d.weight", "rope_freqs.weight", "ssm_a", "ssm_d")
+            "ssm_conv1d.weight", "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight",
+            "ssm_a", "ssm_d")
 OUTPUT, EMBEDDING, ROPE_FREQS = "output.weight", "token_embd.weight", "rope_freqs.weight"
+LONG, SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 
 
 def families() -> dict[str, list[str]]:
@@ -134,10 +137,23 @@ def rope_metadata(config: Mapping) -> dict[str, Any]:
         out.update({"rope.scaling.original_context_length": int(p.get("original_max_position_embeddings", 8192)),
                     "rope.scaling.low_freq_factor": float(p.get("low_freq_factor", 1.0)),
                     "rope.scaling.high_freq_factor": float(p.get("high_freq_factor", 4.0))})
-    elif kind not in ("default", "longrope"):
+    elif kind == "longrope":  # the factors are tensors (``rope_factors_long`` / ``_short``)
+        original = int(p.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
+        out.update({"rope.scaling.original_context_length": original,
+                    "rope.scaling.attn_factor": longrope_attention(p, config["max_position_embeddings"], original)})
+    elif kind != "default":
         raise CheckpointError(f"export-gguf: RoPE scaling {kind!r} has no llama.cpp form (linear, yarn, llama3, "
                               f"longrope have)")
     return out
+
+
+def longrope_attention(p: Mapping, context: int, original: int) -> float:
+    """LongRoPE's scale of cos and sin: the config's, else transformers' default
+    √(1 + ln(s) / ln(L)) for s = context / L > 1 (L the original context), else 1."""
+    if p.get("attention_factor") is not None:
+        return float(p["attention_factor"])
+    scale = context / original
+    return math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
 
 
 def rope_parameters(get, theta_default: float = 10000.0) -> dict:
@@ -287,6 +303,14 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
         if arch.name != "llama":
             raise CheckpointError(f"{where}: llama.cpp reads Llama 3's RoPE factors (rope_freqs) only for llama")
         stored[ROPE_FREQS] = llama3_factors(parameters, config["head_dim"])
+    if arch.rope and parameters.get("rope_type") == "longrope":
+        if arch.name != "phi3":
+            raise CheckpointError(f"{where}: llama.cpp reads LongRoPE's factors only for phi3")
+        stored[LONG] = torch.tensor(parameters["long_factor"], dtype=torch.float32)
+        stored[SHORT] = torch.tensor(parameters["short_factor"], dtype=torch.float32)
+        warnings.warn(f"{where}: llama.cpp picks LongRoPE's long or short factors by its context size (n_ctx above "
+                      f"{metadata[arch.key('rope.scaling.original_context_length')][0]}: long, for every token), "
+                      f"where transformers and seqzoo pick by the sequence's length", stacklevel=2)
     dropped = sorted(n for n in tensors if any(re.search(p, n) for p in arch.drop))
     if dropped:
         warnings.warn(f"{where}: {few(dropped)} not written: llama.cpp's {arch.name} has no place for them",
@@ -402,6 +426,17 @@ def from_gguf(path: str | os.PathLike, *, device: str | torch.device | None = No
     converter, arch = family_of(source)
     where = str(source.path)
     config = hf_config(source, converter, arch)
+    if LONG in source.tensors and SHORT in source.tensors:
+        original = int(source.get("rope.scaling.original_context_length"))
+        config["original_max_position_embeddings"] = original
+        config["rope_parameters"] = {**config["rope_parameters"], "rope_type": "longrope",
+                                     "long_factor": source.tensor(LONG).tolist(),
+                                     "short_factor": source.tensor(SHORT).tolist(),
+                                     "original_max_position_embeddings": original}
+        attention = float(source.get("rope.scaling.attn_factor", 1.0))
+        if not math.isclose(attention, longrope_attention({}, config["max_position_embeddings"], original),
+                            rel_tol=1e-6):
+            config["rope_parameters"]["attention_factor"] = attention
     if ROPE_FREQS in source.tensors:
         config["rope_parameters"] = _llama3_parameters(source.tensor(ROPE_FREQS), config["rope_parameters"],
                                                        int(config.get("head_dim") or config["hidden_size"]
@@ -414,7 +449,7 @@ def from_gguf(path: str | os.PathLike, *, device: str | torch.device | None = No
     names = [s for rule in converter.rules(config, recipe) for s in rule.sources]
     rules = tensor_rules(arch, config, names, _blocks(arch, config), where)
     needed = {s for rule in rules for s in rule.sources}
-    consumed = {ROPE_FREQS} | ({OUTPUT} if config["tie_word_embeddings"] else set())
+    consumed = {ROPE_FREQS, LONG, SHORT} | ({OUTPUT} if config["tie_word_embeddings"] else set())
     missing = sorted(needed - set(source.tensors))
     unexpected = sorted(set(source.tensors) - needed - consumed)
     if missing or unexpected:
