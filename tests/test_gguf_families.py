@@ -226,3 +226,18 @@ def test_the_cli_writes_a_named_family_and_refuses_in_one_line(tmp_path, capsys)
     assert main(["export-gguf", str(tmp_path / "gru.safetensors"), str(tmp_path / "gru.gguf")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a recurrent (gru) mixer" in err[0]
+
+
+def test_a_tokenizer_gguf_cannot_hold_here_is_refused_before_a_byte_is_written(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}, "\u2581": 259, "a": 260}
+    spm = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace()
+    (tmp_path / "tokenizer.json").write_text(spm.to_str())
+    model = shipped("tiny-llama", "model.vocab_size=320", "model.position.scaling=null",
+                    f"tokenizer={{kind: hf, path: {tmp_path / 'tokenizer.json'}, bos_id: 1, eos_id: 2}}")
+    with pytest.raises(CheckpointError, match=r"the tokenizer is SentencePiece-style BPE \(byte fallback\); seqzoo "
+                                              r"writes GGUF's byte-level BPE"):
+        to_gguf(model, tmp_path / "spm.gguf")
+    assert not list(tmp_path.glob("spm.gguf*"))
