@@ -229,15 +229,29 @@ def test_the_cli_writes_a_named_family_and_refuses_in_one_line(tmp_path, capsys)
 
 
 def test_a_tokenizer_gguf_cannot_hold_here_is_refused_before_a_byte_is_written(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}, "\u2581": 259, "a": 260}
-    spm = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
-    spm.pre_tokenizer = pre_tokenizers.Metaspace()
-    (tmp_path / "tokenizer.json").write_text(spm.to_str())
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], unk_id=0))
+    (tmp_path / "tokenizer.json").write_text(unigram.to_str())
     model = shipped("tiny-llama", "model.vocab_size=320", "model.position.scaling=null",
-                    f"tokenizer={{kind: hf, path: {tmp_path / 'tokenizer.json'}, bos_id: 1, eos_id: 2}}")
-    with pytest.raises(CheckpointError, match=r"the tokenizer is SentencePiece-style BPE \(byte fallback\); seqzoo "
-                                              r"writes GGUF's byte-level BPE"):
-        to_gguf(model, tmp_path / "spm.gguf")
-    assert not list(tmp_path.glob("spm.gguf*"))
+                    f"tokenizer={{kind: hf, path: {tmp_path / 'tokenizer.json'}}}")
+    with pytest.raises(CheckpointError, match=r"the tokenizer is 'Unigram'; seqzoo writes GGUF's byte-level BPE"):
+        to_gguf(model, tmp_path / "u.gguf")
+    assert not list(tmp_path.glob("u.gguf*"))
+
+
+def test_a_sentencepiece_style_vocabulary_round_trips_with_the_same_tokens(tmp_path):
+    from seqzoo.testing.gguf import sentencepiece_model
+
+    model = sentencepiece_model(tmp_path)
+    source = GGUFFile(to_gguf(model, tmp_path / "spm.gguf"))
+    assert source.meta["tokenizer.ggml.model"] == "llama" and source.meta["tokenizer.ggml.add_space_prefix"] is True
+    assert source.meta["tokenizer.ggml.token_type"][3:259] == [6] * 256  # <0x00> .. <0xFF>
+    again = from_gguf(tmp_path / "spm.gguf")
+    for text in SPM_TEXTS:
+        assert seqzoo.tokenizer(again).encode(text) == seqzoo.tokenizer(model).encode(text), text
+        assert seqzoo.tokenizer(again).decode(seqzoo.tokenizer(again).encode(text)[1:]) == text
+
+
+SPM_TEXTS = ["The interpreter reads a program and runs it.", "  two  spaces, naïve café ✓ 12345\nnew line",
+             "def f(x):\n    return x ** 2"]

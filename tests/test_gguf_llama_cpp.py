@@ -233,3 +233,13 @@ def test_minilm_real_weights_embed_in_llama_cpp_as_in_seqzoo(tmp_path):
     assert np.abs(theirs - ours).max() / np.abs(ours).max() <= 1e-3
     mean = lambda h: h.mean(0) / np.linalg.norm(h.mean(0))  # noqa: E731 — the sentence embedding
     assert float(mean(theirs) @ mean(ours)) >= 0.99999
+
+
+def test_llama_cpp_tokenizes_a_sentencepiece_style_vocabulary_as_seqzoo_does(tmp_path):
+    from seqzoo.testing.gguf import sentencepiece_model
+
+    model = sentencepiece_model(tmp_path)
+    llm = llama_cpp.Llama(model_path=str(to_gguf(model, tmp_path / "spm.gguf")), vocab_only=True, verbose=False)
+    for text in ["The interpreter reads a program and runs it.", "  two  spaces, naïve café ✓ 12345\nnew line",
+                 "def f(x):\n    return x ** 2"]:
+        assert llm.tokenize(text.encode(), add_bos=True, special=False) == seqzoo.tokenizer(model).encode(text)

@@ -86,3 +86,28 @@ def smollm2_file() -> str | None:
         return None
     path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
     return path if os.path.isfile(path) else None
+
+
+def sentencepiece_model(folder) -> torch.nn.Module:
+    """A tiny LLaMA with a SentencePiece-style tokenizer (Llama 2's layout: ▁ for spaces and one
+    before the text, byte fallback, <s> first) trained by the tokenizers package on Python's
+    documentation, saved as ``folder``/tokenizer.json."""
+    import os
+    import pydoc_data.topics
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+
+    corpus = os.path.join(folder, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write("\n\n".join(list(pydoc_data.topics.topics.values())[:40]))
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    special = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok.train([corpus], trainers.BpeTrainer(vocab_size=700, special_tokens=special, show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    path = os.path.join(folder, "tokenizer.json")
+    tok.save(path)
+    return shipped("tiny-llama", "model.vocab_size=704", "model.position.scaling=null",
+                   f"tokenizer={{kind: hf, path: {path}, bos_id: 1, eos_id: 2}}")

@@ -40,11 +40,58 @@ def document(model: nn.Module) -> dict:
 
 
 def vocabulary(model: nn.Module, vocab_size: int) -> dict:
-    """The model's tokenizer as GGUF metadata: byte-level BPE or WordPiece (see ``write``)."""
+    """The model's tokenizer as GGUF metadata: byte-level BPE, SentencePiece-style BPE or
+    WordPiece (see ``write``)."""
     doc = document(model)
-    if (doc.get("model") or {}).get("type") == "WordPiece":
+    kind = (doc.get("model") or {}).get("type")
+    if kind == "WordPiece":
         return wordpiece(doc, vocab_size)
+    if kind == "BPE" and doc["model"].get("byte_fallback"):
+        return sentencepiece(doc, vocab_size, tokenizer(model))
     return byte_level_bpe(model, vocab_size)
+
+
+#: GGUF's byte tokens: ``<0x00>`` … ``<0xFF>``.
+BYTE = 6
+SPACE = "\u2581"
+
+
+def sentencepiece(doc: dict, vocab_size: int, tok) -> dict:
+    """SentencePiece-style BPE (Llama 2, Mistral, Gemma, Phi-3: ``▁`` for spaces, a ``▁`` before
+    the text, byte fallback) as GGUF's ``llama`` vocabulary: llama.cpp merges the adjacent pair
+    whose merged token scores highest, so a merge's rank r becomes its token's score −r, which
+    makes the two merge in the same order."""
+    steps = [n.get("type") for n in ((doc.get("normalizer") or {}).get("normalizers") or [doc.get("normalizer") or {}])]
+    pre = doc.get("pre_tokenizer") or {}
+    if steps == ["Prepend", "Replace"] and not pre:
+        space_prefix = True
+    elif steps in ([None], [], ["Replace"]) and pre.get("type") == "Metaspace" and pre.get("split", True) is not True:
+        space_prefix = pre.get("prepend_scheme", "always") != "never"
+    else:
+        raise CheckpointError(f"export-gguf: the SentencePiece-style tokenizer normalises with {steps} and splits with "
+                              f"{pre.get('type')!r}; llama.cpp's llama vocabulary writes ▁ for spaces with a ▁ before "
+                              f"the text and no split, which this one does not")
+    model = doc["model"]
+    ids = {**model["vocab"], **{t["content"]: t["id"] for t in doc.get("added_tokens", [])}}
+    if max(ids.values()) >= vocab_size:
+        raise CheckpointError(f"export-gguf: the tokenizer has ids up to {max(ids.values())}, beyond the model's "
+                              f"vocab_size {vocab_size}")
+    tokens: list[str | None] = [None] * vocab_size
+    for token, index in ids.items():
+        tokens[index] = token
+    scores = [0.0] * vocab_size
+    for rank, merge in enumerate(model.get("merges", [])):
+        merged = "".join(merge.split(" ", 1) if isinstance(merge, str) else merge)
+        if merged in ids and scores[ids[merged]] == 0.0:
+            scores[ids[merged]] = -float(rank + 1)
+    special = {t["id"] for t in doc.get("added_tokens", []) if t.get("special")}
+    unknown = model.get("unk_token")
+    types = [UNUSED if t is None else BYTE if len(t) == 6 and t.startswith("<0x") and t.endswith(">")
+             else 2 if t == unknown else CONTROL if i in special else NORMAL for i, t in enumerate(tokens)]
+    adds_bos = tok.bos_id is not None and tok.encode("a")[:1] == [tok.bos_id]
+    return {"model": "llama", "tokens": [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)],
+            "scores": scores, "types": types, "space_prefix": space_prefix, "add_bos": adds_bos,
+            "unknown": ids.get(unknown)}
 
 
 def wordpiece(doc: dict, vocab_size: int) -> dict:
@@ -77,10 +124,9 @@ def byte_level_bpe(model: nn.Module, vocab_size: int) -> dict:
     vocabulary from the list)."""
     doc = document(model)
     bpe = doc.get("model") or {}
-    if bpe.get("type") != "BPE" or bpe.get("byte_fallback"):
-        what = "SentencePiece-style BPE (byte fallback)" if bpe.get("byte_fallback") else repr(bpe.get("type"))
-        raise CheckpointError(f"export-gguf: the tokenizer is {what}; seqzoo writes GGUF's byte-level BPE "
-                              f"(tokenizer.ggml.model gpt2) and the bytes tokenizer, not this one")
+    if bpe.get("type") != "BPE":
+        raise CheckpointError(f"export-gguf: the tokenizer is {bpe.get('type')!r}; seqzoo writes GGUF's byte-level BPE "
+                              f"(gpt2), SentencePiece-style BPE (llama), WordPiece (bert) and the bytes tokenizer")
     ids = {**bpe["vocab"], **{t["content"]: t["id"] for t in doc.get("added_tokens", [])}}
     if max(ids.values()) >= vocab_size:
         raise CheckpointError(f"export-gguf: the tokenizer has ids up to {max(ids.values())}, beyond the model's "
@@ -117,6 +163,19 @@ def write(writer, vocab: dict, ids: dict) -> None:
     writer.add_tokenizer_model(vocab["model"])
     writer.add_token_list(vocab["tokens"])
     writer.add_token_types(vocab["types"])
+    if vocab["model"] == "llama":
+        writer.add_tokenizer_pre("default")
+        writer.add_token_scores(vocab["scores"])
+        writer.add_add_space_prefix(vocab["space_prefix"])
+        if vocab["unknown"] is not None:
+            writer.add_unk_token_id(vocab["unknown"])
+        for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
+                         ("pad_token_id", writer.add_pad_token_id)):
+            if ids.get(key) is not None:
+                add(ids[key])
+        writer.add_add_bos_token(vocab["add_bos"])
+        writer.add_add_eos_token(False)
+        return
     if vocab["model"] == "bert":
         writer.add_tokenizer_pre("default")
         writer.add_bool("tokenizer.ggml.normalizer.lowercase", vocab["lowercase"])
@@ -165,6 +224,42 @@ def read_wordpiece(meta: dict) -> str:
     return piece.to_str()
 
 
+def read_sentencepiece(meta: dict) -> str:
+    """A ``llama`` vocabulary back as SentencePiece-style BPE: merges rebuilt from the scores, as
+    transformers rebuilds them from a SentencePiece model (every split of a scored token into two
+    tokens, by the merged token's score)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    tokens, types = list(meta["tokenizer.ggml.tokens"]), list(meta["tokenizer.ggml.token_type"])
+    scores = list(meta.get("tokenizer.ggml.scores", [0.0] * len(tokens)))
+    vocab = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind != UNUSED}
+    found = []
+    for token, index in vocab.items():
+        if types[index] != NORMAL or len(token) < 2:
+            continue
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                found.append((-scores[index], vocab[left], vocab[right], left, right))
+    merges = [(left, right) for *_, left, right in sorted(found)]
+    unknown = meta.get("tokenizer.ggml.unknown_token_id")
+    piece = Tokenizer(models.BPE(vocab, merges, unk_token=tokens[unknown] if unknown is not None else None,
+                                 byte_fallback=True, fuse_unk=True))
+    steps = [normalizers.Replace(" ", SPACE)]
+    if meta.get("tokenizer.ggml.add_space_prefix", True):
+        steps.insert(0, normalizers.Prepend(SPACE))
+    piece.normalizer = normalizers.Sequence(steps)
+    piece.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+                                       decoders.Strip(" ", 1, 0)])
+    piece.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                              for t, kind in zip(tokens, types) if kind == CONTROL])
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if meta.get("tokenizer.ggml.add_bos_token", True) and bos is not None:
+        piece.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A",
+                                                             special_tokens=[(tokens[bos], bos)])
+    return piece.to_str()
+
+
 def read(meta: dict, where: str) -> str:
     """The file's tokenizer as a tokenizers tokenizer.json text."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -172,6 +267,8 @@ def read(meta: dict, where: str) -> str:
     kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
     if kind == "bert":
         return read_wordpiece(meta)
+    if kind == "llama":
+        return read_sentencepiece(meta)
     if kind != "gpt2":
         raise CheckpointError(f"{where}: tokenizer.ggml.model {kind!r} is not supported; seqzoo rebuilds "
                               f"byte-level BPE (gpt2) and WordPiece (bert) tokenizers")
