@@ -108,13 +108,13 @@ class DeepseekV3Converter(CausalLMConverter):
     # multi-head attention), sigmoid routing over expert groups with the score-correction bias.
     gguf = GGUFArch("deepseek2", keys=DEEPSEEK_KEYS,
                     renames={r"gate\.e_score_correction_bias$": "gate.e_score_correction.bias"},
-                    fixed={"expert_gating_func": 2}, problem=lambda c: deepseek_gguf_problem(c),
+                    fixed={"expert_gating_func": 2}, problem=deepseek_gguf_problem,
                     export=lambda c: {"attention.head_count_kv": c["num_attention_heads"],
                                       "attention.key_length": c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
                                       "attention.value_length": c["v_head_dim"],
                                       "attention.q_lora_rank": c["q_lora_rank"] or 0,
                                       "rope.dimension_count": c["qk_rope_head_dim"]},
-                    config=lambda get: deepseek_gguf_config(get))
+                    config=deepseek_gguf_config)
     base_prefix = "model."
     embedding = "model.embed_tokens.weight"
     ignored = (r"rotary_emb\.\w*inv_freq$",)

@@ -45,4 +45,4 @@ class Gemma2Converter(GemmaConverter):
                     transforms=GEMMA_NORMS, output="never",
                     export=lambda c: {"attention.sliding_window_pattern": sliding_flags(c)},
                     config=lambda get: gguf_gemma_config(get, wide_layers=46, default_period=2),
-                    problem=lambda c: gemma2_gguf_problem(c))
+                    problem=gemma2_gguf_problem)

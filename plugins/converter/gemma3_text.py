@@ -68,8 +68,8 @@ class Gemma3TextConverter(GemmaConverter):
     # no attention softcap, a final one only when the key is there.
     gguf = GGUFArch("gemma3", keys=LLAMA_KEYS + (Key("final_logit_softcapping", "final_logit_softcapping", "f32",
                                                      optional=True), Key("attention.sliding_window", "sliding_window")),
-                    transforms=GEMMA_NORMS, rope=False, export=lambda c: gemma3_gguf_metadata(c),
-                    config=lambda get: gemma3_gguf_config(get), problem=lambda c: gemma3_gguf_problem(c))
+                    transforms=GEMMA_NORMS, rope=False, export=gemma3_gguf_metadata,
+                    config=gemma3_gguf_config, problem=gemma3_gguf_problem)
     rope_per_type = True
     attention_softcap = False
     period_key = "sliding_window_pattern"

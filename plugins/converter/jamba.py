@@ -109,11 +109,11 @@ class JambaConverter(CausalLMConverter):
     architecture = "JambaForCausalLM"
     # llama.cpp's jamba: which layers attend is the per-layer KV head count (0 on Mamba layers),
     # which are sparse is whether a layer has a router; the Mamba layers as llama.cpp's mamba's.
-    gguf = GGUFArch("jamba", keys=JAMBA_KEYS, rope=False, problem=lambda c: jamba_gguf_problem(c),
+    gguf = GGUFArch("jamba", keys=JAMBA_KEYS, rope=False, problem=jamba_gguf_problem,
                     transforms=(Transform(r"A_log$", a_from_log), Transform(r"conv1d\.weight$", conv_squeezed)),
                     export=lambda c: {"attention.head_count_kv": attention_kv_heads(c),
                                       "ssm.inner_size": c["mamba_expand"] * c["hidden_size"]},
-                    config=lambda get: jamba_gguf_config(get), from_tensors=lambda names: jamba_gguf_experts(names))
+                    config=jamba_gguf_config, from_tensors=jamba_gguf_experts)
     base_prefix = "model."
     embedding = "model.embed_tokens.weight"
     defaults = {"vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,

@@ -108,12 +108,12 @@ class ModernBertConverter(HFConverter):
                           Key("attention.layer_norm_epsilon", "norm_eps", "f32"),
                           Key("attention.sliding_window", "local_attention"),
                           Key("hidden_activation", "hidden_activation", "str", "gelu")),
-                    fixed={"attention.causal": False}, problem=lambda c: modernbert_gguf_problem(c),
+                    fixed={"attention.causal": False}, problem=modernbert_gguf_problem,
                     export=lambda c: {"rope.freq_base": float(c["rope_parameters"]["full_attention"]["rope_theta"]),
                                       "rope.freq_base_swa":
                                           float(c["rope_parameters"]["sliding_attention"]["rope_theta"]),
                                       "attention.sliding_window_pattern": sliding_flags(c)},
-                    config=lambda get: modernbert_gguf_config(get))
+                    config=modernbert_gguf_config)
 
     def config(self, config: dict) -> dict:
         c = HFConfig(config, DEFAULTS)
