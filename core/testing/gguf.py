@@ -33,6 +33,7 @@ FAMILIES = {
     "llama (linear RoPE)": (lambda: shipped("tiny-llama", "model.position.scaling={kind: linear, factor: 2.0}"), None),
     "llama (Llama 3 RoPE)": (lambda: shipped("tiny-llama", "model.position.scaling={kind: llama3, factor: 8.0, "
                                              "original_max_seq_len: 64}"), None),
+    "mistral (window = context)": (lambda: shipped("tiny-mistral", "model.attention.window=256"), "mistral"),
     "mixtral": (lambda: shipped("tiny-moe"), None),
     "smollm3": (lambda: shipped("tiny-smollm3"), None),
     "qwen2": (lambda: from_config("qwen2"), None),
