@@ -39,6 +39,19 @@ def document(model: nn.Module) -> dict:
     return json.loads(text)
 
 
+def tokens_by_id(doc: dict, vocab_size: int) -> tuple[dict[str, int], list[str | None]]:
+    """({token: id} of the model's vocabulary and the added tokens, the token of every id up to
+    ``vocab_size`` (None where the tokenizer has none)); refused when an id lies beyond it."""
+    ids = {**doc["model"]["vocab"], **{t["content"]: t["id"] for t in doc.get("added_tokens", [])}}
+    if max(ids.values()) >= vocab_size:
+        raise CheckpointError(f"export-gguf: the tokenizer has ids up to {max(ids.values())}, beyond the model's "
+                              f"vocab_size {vocab_size}")
+    tokens: list[str | None] = [None] * vocab_size
+    for token, index in ids.items():
+        tokens[index] = token
+    return ids, tokens
+
+
 def vocabulary(model: nn.Module, vocab_size: int) -> dict:
     """The model's tokenizer as GGUF metadata: byte-level BPE, SentencePiece-style BPE or
     WordPiece (see ``write``)."""
@@ -72,13 +85,7 @@ def sentencepiece(doc: dict, vocab_size: int, tok) -> dict:
                               f"{pre.get('type')!r}; llama.cpp's llama vocabulary writes ▁ for spaces with a ▁ before "
                               f"the text and no split, which this one does not")
     model = doc["model"]
-    ids = {**model["vocab"], **{t["content"]: t["id"] for t in doc.get("added_tokens", [])}}
-    if max(ids.values()) >= vocab_size:
-        raise CheckpointError(f"export-gguf: the tokenizer has ids up to {max(ids.values())}, beyond the model's "
-                              f"vocab_size {vocab_size}")
-    tokens: list[str | None] = [None] * vocab_size
-    for token, index in ids.items():
-        tokens[index] = token
+    ids, tokens = tokens_by_id(doc, vocab_size)
     scores = [0.0] * vocab_size
     for rank, merge in enumerate(model.get("merges", [])):
         merged = "".join(merge.split(" ", 1) if isinstance(merge, str) else merge)
@@ -127,13 +134,7 @@ def byte_level_bpe(model: nn.Module, vocab_size: int) -> dict:
     if bpe.get("type") != "BPE":
         raise CheckpointError(f"export-gguf: the tokenizer is {bpe.get('type')!r}; seqzoo writes GGUF's byte-level BPE "
                               f"(gpt2), SentencePiece-style BPE (llama), WordPiece (bert) and the bytes tokenizer")
-    ids = {**bpe["vocab"], **{t["content"]: t["id"] for t in doc.get("added_tokens", [])}}
-    if max(ids.values()) >= vocab_size:
-        raise CheckpointError(f"export-gguf: the tokenizer has ids up to {max(ids.values())}, beyond the model's "
-                              f"vocab_size {vocab_size}")
-    tokens: list[str | None] = [None] * vocab_size
-    for token, index in ids.items():
-        tokens[index] = token
+    ids, tokens = tokens_by_id(doc, vocab_size)
     missing = [i for i, t in enumerate(tokens) if t is None and i < len(ids)]
     if missing:
         raise CheckpointError(f"export-gguf: the vocabulary has no token for ids {few([str(i) for i in missing])}")
