@@ -10,7 +10,7 @@ import seqzoo
 from seqzoo.errors import CheckpointError
 from seqzoo.io.gguf import GGUFFile, families, from_gguf, to_gguf
 from seqzoo.io.gguf_types import WRITABLE
-from seqzoo.testing.gguf import ENCODERS, FAMILIES, from_config, shipped
+from seqzoo.testing.gguf import ENCODER_DECODERS, ENCODERS, FAMILIES, from_config, shipped
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -35,6 +35,41 @@ def test_every_family_round_trips_exactly_in_f32(family, tmp_path):
     assert seqzoo.tokenizer(again).encode(text) == seqzoo.tokenizer(model).encode(text)
 
 
+@pytest.mark.parametrize("family", list(ENCODER_DECODERS))
+def test_an_encoder_decoder_round_trips_exactly_with_its_head(family, tmp_path):
+    torch.manual_seed(0)
+    model = ENCODER_DECODERS[family][0]()
+    path = to_gguf(model, tmp_path / "t5.gguf")
+    again = from_gguf(path)
+    m, a = model.recipe["model"], again.recipe["model"]
+    assert (a["tie_embeddings"], a["rescale_tied_head"]) == (m["tie_embeddings"], m["rescale_tied_head"])
+    assert a["encoder_layers"] == m["encoder_layers"] and a["decoder_layers"] == m["decoder_layers"]
+    assert a["decoder_start_id"] == m["decoder_start_id"]
+    assert set(again.state_dict()) == set(model.state_dict())
+    for name, tensor in again.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    src, tgt = torch.randint(0, 256, (2, 11)), torch.randint(0, 256, (2, 5))
+    with torch.no_grad():
+        assert torch.equal(again(src, tgt), model(src, tgt))
+    source = GGUFFile(path)
+    if m["tie_embeddings"]:  # llama.cpp's graph does not scale a tied head: the file's head is scaled
+        assert torch.equal(source.tensor("output.weight"), source.tensor("token_embd.weight") * m["dim"] ** -0.5)
+    assert "enc.blk.1.attn_rel_b.weight" not in source.tensors  # one bucket table per stack, in layer 0
+
+
+def test_a_t5_head_that_is_not_the_scaled_embedding_reads_back_as_its_own(tmp_path):
+    model = shipped("tiny-t5", "model.rescale_tied_head=false")
+    path = to_gguf(model, tmp_path / "t5.gguf")
+    assert "output.weight" not in GGUFFile(path).tensors  # an unscaled tied head: llama.cpp reuses the embedding
+    assert from_gguf(path).recipe["model"]["tie_embeddings"] is True
+    scaled = shipped("tiny-t5")
+    rounded = from_gguf(to_gguf(scaled, tmp_path / "f16.gguf", dtype="F16"))
+    assert rounded.recipe["model"]["tie_embeddings"] is False  # F16 rounds the scaled copy: a head of its own
+    src, tgt = torch.randint(0, 256, (1, 9)), torch.randint(0, 256, (1, 4))
+    with torch.no_grad():
+        assert (rounded(src, tgt) - scaled(src, tgt)).abs().max() < 1e-3
+
+
 def test_the_table_of_families_names_every_llama_cpp_architecture():
     assert families() == {
         "bert": ["bert"], "bloom": ["bloom"], "deepseek2": ["deepseek_v3"],
@@ -42,7 +77,8 @@ def test_the_table_of_families_names_every_llama_cpp_architecture():
         "gptneox": ["gpt_neox"], "gpt-oss": ["gpt_oss"], "jamba": ["jamba"],
         "llama": ["llama", "mistral", "mixtral"], "modern-bert": ["modernbert"], "mamba": ["falcon_mamba", "mamba"],
         "mamba2": ["mamba2"], "olmo2": ["olmo2"], "olmoe": ["olmoe"], "phi3": ["phi3"], "qwen2": ["qwen2"],
-        "qwen2moe": ["qwen2_moe"], "qwen3": ["qwen3"], "qwen3moe": ["qwen3_moe"], "smollm3": ["smollm3"]}
+        "qwen2moe": ["qwen2_moe"], "qwen3": ["qwen3"], "qwen3moe": ["qwen3_moe"], "smollm3": ["smollm3"],
+        "t5": ["t5"]}
 
 
 def meta(path, arch: str, key: str):
@@ -121,6 +157,10 @@ def test_the_cli_offers_every_type_to_gguf_writes():
     (lambda: from_config("olmoe", num_experts=4, num_experts_per_tok=2), None, r"needs as many KV heads as heads"),
     (lambda: shipped("tiny-smollm3", "model.pattern=[nope, rope, rope, rope]"), None,
      r"smollm3 skips RoPE in layers 3, 7, 11, ... and no others"),
+    (lambda: shipped("tiny-t5", "model.position.max_distance=64"), None,
+     r"t5 buckets relative positions up to a distance of 128; this model's max_distance is 64"),
+    (lambda: shipped("tiny-t5", "model.ffn={kind: geglu, hidden: 128, bias: false, approximate: none}"), None,
+     r"t5 runs a ReLU feed-forward, or a tanh-GELU gated one; this model's is gated-gelu_python"),
 ])
 def test_what_llama_cpp_cannot_run_is_refused_by_name(make, model_type, message, tmp_path):
     model = make()
@@ -235,9 +275,49 @@ def test_a_tokenizer_gguf_cannot_hold_here_is_refused_before_a_byte_is_written(t
     (tmp_path / "tokenizer.json").write_text(unigram.to_str())
     model = shipped("tiny-llama", "model.vocab_size=320", "model.position.scaling=null",
                     f"tokenizer={{kind: hf, path: {tmp_path / 'tokenizer.json'}}}")
-    with pytest.raises(CheckpointError, match=r"the tokenizer is 'Unigram'; seqzoo writes GGUF's byte-level BPE"):
+    with pytest.raises(CheckpointError, match=r"the Unigram tokenizer normalises with \[\] and splits with \[None\]; "
+                                              r"llama.cpp's t5 vocabulary holds T5's layout"):
         to_gguf(model, tmp_path / "u.gguf")
     assert not list(tmp_path.glob("u.gguf*"))
+
+
+#: Text for the Unigram checks: runs of spaces, tabs and newlines, leading and trailing spaces,
+#: NFKC's full-width and circled forms, characters the vocabulary lacks, an added token.
+UNIGRAM_TEXTS = ["The interpreter reads the program, line by line: 12345!", "  two  spaces\tand\nlines  ",
+                 "naïve ＡＢＣ ① 日本語 ☃", "<extra_id_0> fills the gap"]
+
+
+def test_a_unigram_vocabulary_goes_out_as_t5s_and_tokenizes_as_sentencepiece(tmp_path):
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from seqzoo.testing.gguf import unigram_model
+
+    model, spm = unigram_model(tmp_path)
+    path = to_gguf(model, tmp_path / "ugm.gguf")
+    meta = GGUFFile(path).meta
+    assert meta["tokenizer.ggml.model"] == "t5" and meta["tokenizer.ggml.remove_extra_whitespaces"] is True
+    assert len(meta["tokenizer.ggml.precompiled_charsmap"]) > 100_000  # SentencePiece's NFKC map, as it is
+    assert meta["tokenizer.ggml.token_type"][:4] == [3, 3, 2, 1]  # <pad> </s> control, <unk> unknown, ▁ normal
+    assert meta["tokenizer.ggml.token_type"][600:] == [3] * 4 + [5] * 4  # <extra_id_N> control, padding unused
+    assert meta["tokenizer.ggml.add_eos_token"] is True and meta["tokenizer.ggml.add_bos_token"] is False
+    again = from_gguf(path)
+    reference = sentencepiece.SentencePieceProcessor(model_file=spm)
+    ours, theirs = seqzoo.tokenizer(model), seqzoo.tokenizer(again)
+    for text in UNIGRAM_TEXTS:
+        ids = ours.encode(text)
+        assert theirs.encode(text) == ids, text
+        assert theirs.decode(ids) == ours.decode(ids)
+        if "<extra_id" not in text:  # SentencePiece knows no added tokens
+            assert ids == reference.encode(text) + [1], text
+    from tokenizers import Tokenizer
+
+    grown = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))  # a token added beyond the pieces
+    grown.add_tokens(["<sep>"])
+    grown.save(str(tmp_path / "grown.json"))
+    model = shipped("tiny-t5", "model.vocab_size=608", f"tokenizer={{kind: hf, path: {tmp_path / 'grown.json'}}}")
+    path = to_gguf(model, tmp_path / "grown.gguf")
+    assert GGUFFile(path).meta["tokenizer.ggml.token_type"][604] == 4  # user-defined
+    text = "one <sep> two"
+    assert seqzoo.tokenizer(from_gguf(path)).encode(text) == seqzoo.tokenizer(model).encode(text)
 
 
 def test_a_sentencepiece_style_vocabulary_round_trips_with_the_same_tokens(tmp_path):

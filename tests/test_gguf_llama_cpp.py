@@ -17,7 +17,7 @@ import torch
 import seqzoo
 from seqzoo.io.gguf import from_gguf, to_gguf
 from seqzoo.testing import parity
-from seqzoo.testing.gguf import ENCODERS, FAMILIES, shipped
+from seqzoo.testing.gguf import ENCODER_DECODERS, ENCODERS, FAMILIES, shipped
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -99,6 +99,13 @@ def test_llama_cpp_computes_what_seqzoo_computes(family, kind, models, tmp_path)
     path = to_gguf(model, tmp_path / "m.gguf", dtype=kind, model_type=model_type)
     logits, greedy = seqzoo_run(model if kind == "F32" else from_gguf(path), PROMPT)
     theirs, their_greedy = llama_cpp_run(path, PROMPT, logits.shape[-1])
+    judge(family, kind, logits, greedy, theirs, their_greedy)
+
+
+def judge(family: str, kind: str, logits: np.ndarray, greedy: list[int], theirs: np.ndarray,
+          their_greedy: list[int]) -> None:
+    """seqzoo's (logits, greedy tokens) against llama.cpp's on a random model: exact criteria for
+    F32, noise-aware ones for the rounded types."""
     largest = np.abs(logits).max()
     error = np.abs(theirs - logits).max(-1) / largest
     if kind == "F32":
@@ -196,6 +203,55 @@ def test_smollm2_exports_back_to_a_file_llama_cpp_continues_as_transformers_does
     assert greedy == expected, (tok.decode(greedy), tok.decode(expected))
 
 
+# -- encoder-decoders: llama.cpp's t5 ----------------------------------------------------------------
+SOURCE, TARGET = list(b"The interpreter reads the program."), list(b"Der Interpreter")
+
+
+def seqzoo_seq2seq(model, src: list[int], tgt: list[int]) -> tuple[np.ndarray, list[int]]:
+    """(the decoder's logits over ``tgt`` (T, V), 32 greedy tokens after it), by full forwards."""
+    with torch.no_grad():
+        source = torch.tensor([src])
+        logits = model(source, torch.tensor([tgt]))[0].float().numpy()
+        sequence = list(tgt)
+        for _ in range(STEPS):
+            sequence.append(int(model(source, torch.tensor([sequence]))[0, -1].argmax()))
+    return logits, sequence[len(tgt):]
+
+
+def llama_cpp_seq2seq(path, src: list[int], tgt: list[int], vocab: int) -> tuple[np.ndarray, list[int]]:
+    """The same from llama.cpp: its encoder runs once over ``src`` (``llama_encode``, which the
+    bindings' high-level API does not call), then its decoder decodes ``tgt`` and a token at a time
+    with its KV cache."""
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_batch=128, n_ubatch=128, logits_all=True, verbose=False,
+                          n_threads=1, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    try:
+        tokens = (llama_cpp.llama_token * len(src))(*src)
+        assert llama_cpp.llama_encode(llm._ctx.ctx, llama_cpp.llama_batch_get_one(tokens, len(src))) == 0
+        llm.eval(tgt)
+        logits = np.array(llm.scores[:len(tgt), :vocab])
+        greedy = []
+        for _ in range(STEPS):
+            greedy.append(int(np.argmax(llm.scores[llm.n_tokens - 1, :vocab])))
+            llm.eval([greedy[-1]])
+        return logits, greedy
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "Q8_0"])
+@pytest.mark.parametrize("family", list(ENCODER_DECODERS))
+def test_llama_cpp_runs_an_encoder_decoder_as_seqzoo_does(family, kind, tmp_path):
+    torch.manual_seed(0)
+    model = decisive(ENCODER_DECODERS[family][0]())
+    path = to_gguf(model, tmp_path / "t5.gguf", dtype=kind)
+    tgt = [model.recipe["model"]["decoder_start_id"], *TARGET]
+    logits, greedy = seqzoo_seq2seq(model if kind == "F32" else from_gguf(path), SOURCE, tgt)
+    theirs, their_greedy = llama_cpp_seq2seq(path, SOURCE, tgt, logits.shape[-1])
+    judge(family, kind, logits, greedy, theirs, their_greedy)
+    if kind != "Q8_0":
+        assert np.abs(theirs - logits).max() / np.abs(logits).max() <= 1e-3, f"{family} {kind}: logits differ"
+
+
 # -- encoders: llama.cpp's embeddings ---------------------------------------------------------------
 def llama_cpp_hidden(path, ids: list[int]):
     """(llama.cpp's last hidden state of every token (T, C) with no pooling, the Llama)."""
@@ -243,3 +299,20 @@ def test_llama_cpp_tokenizes_a_sentencepiece_style_vocabulary_as_seqzoo_does(tmp
     for text in ["The interpreter reads a program and runs it.", "  two  spaces, naïve café ✓ 12345\nnew line",
                  "def f(x):\n    return x ** 2"]:
         assert llm.tokenize(text.encode(), add_bos=True, special=False) == seqzoo.tokenizer(model).encode(text)
+
+
+def test_llama_cpp_tokenizes_a_unigram_vocabulary_as_sentencepiece_does(tmp_path):
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from seqzoo.testing.gguf import unigram_model
+
+    model, spm = unigram_model(tmp_path)
+    llm = llama_cpp.Llama(model_path=str(to_gguf(model, tmp_path / "ugm.gguf")), vocab_only=True, verbose=False)
+    reference = sentencepiece.SentencePieceProcessor(model_file=spm)
+    texts = ["The interpreter reads the program, line by line: 12345!", "  two  spaces\tand\nlines  ",
+             "naïve ＡＢＣ ① 日本語 ☃", "<extra_id_0> fills the gap"]
+    for text in texts:
+        ids = seqzoo.tokenizer(model).encode(text)
+        # special: llama.cpp matches added tokens (<extra_id_N>) in the text only when asked to
+        assert llm.tokenize(text.encode(), add_bos=True, special=True) == ids, text
+        if "<extra_id" not in text:
+            assert ids == reference.encode(text) + [1], text

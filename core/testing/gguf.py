@@ -71,6 +71,15 @@ FAMILIES = {
                                       moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1), None),
 }
 
+#: Encoder–decoders (llama.cpp's t5: the encoder runs once, the decoder attends to its output).
+ENCODER_DECODERS = {
+    "t5 (v1.0: ReLU, tied head scaled by d^-1/2)": (lambda: shipped("tiny-t5"), None),
+    "t5 (v1.1: gated GELU, own head, 3 + 2 layers)": (
+        lambda: from_config("t5", d_model=64, d_kv=16, d_ff=96, num_layers=3, num_decoder_layers=2, num_heads=4,
+                            feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=257,
+                            dropout_rate=0.0), None),
+}
+
 #: Encoders llama.cpp runs for their embeddings (the hidden states, not logits).
 ENCODERS = {"bert": (lambda: shipped("tiny-bert"), None), "modern-bert": (lambda: shipped("tiny-modernbert"), None)}
 
@@ -112,3 +121,42 @@ def sentencepiece_model(folder) -> torch.nn.Module:
     tok.save(path)
     return shipped("tiny-llama", "model.vocab_size=704", "model.position.scaling=null",
                    f"tokenizer={{kind: hf, path: {path}, bos_id: 1, eos_id: 2}}")
+
+
+def unigram_model(folder) -> tuple[torch.nn.Module, str]:
+    """(a tiny T5 with SentencePiece's Unigram tokenizer in T5's tokenizer.json layout, the path of
+    the SentencePiece model it came from). The model is trained by the sentencepiece package on
+    Python's documentation (600 pieces, its default NFKC-based normalisation, <pad> </s> <unk> as
+    T5 numbers them) and laid out as transformers lays out T5's tokenizer: the precompiled
+    character map, a whitespace split, ▁ before every word, </s> after the text, four
+    <extra_id_N> after the pieces."""
+    import os
+    import pydoc_data.topics
+
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    corpus, prefix = os.path.join(folder, "corpus.txt"), os.path.join(folder, "spiece")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write("\n".join(list(pydoc_data.topics.topics.values())[:40]))
+    sentencepiece.SentencePieceTrainer.train(input=corpus, model_prefix=prefix, vocab_size=600, model_type="unigram",
+                                             pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(prefix + ".model", "rb") as f:
+        proto.ParseFromString(f.read())
+    extra = [f"<extra_id_{i}>" for i in range(3, -1, -1)]  # T5 numbers them down from the last id
+    tok = Tokenizer(models.Unigram([(p.piece, p.score) for p in proto.pieces] + [(t, 0.0) for t in extra],
+                                   unk_id=2, byte_fallback=False))
+    tok.normalizer = normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ["<pad>", "</s>", "<unk>", *extra]])
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    path = os.path.join(folder, "tokenizer.json")
+    tok.save(path)
+    model = shipped("tiny-t5", "model.vocab_size=608", "model.decoder_start_id=0",
+                    f"tokenizer={{kind: hf, path: {path}, eos_id: 1, pad_id: 0}}")
+    return model, prefix + ".model"

@@ -14,6 +14,7 @@ from collections.abc import Collection
 
 from torch import nn
 
+from seqzoo.io.gguf import GGUFArch, Key
 from seqzoo.io.hf import (
     HFConverter,
     Rule,
@@ -50,6 +51,30 @@ def _config(config: dict) -> dict:
     return c
 
 
+#: llama.cpp's t5 keys (no max distance: its T5 hard-codes 128, see ``t5_gguf_problem``); without
+#: ``decoder_block_count`` the decoder is as deep as the encoder.
+T5_KEYS = (Key("block_count", "num_layers"), Key("decoder_block_count", "num_decoder_layers", optional=True),
+           Key("context_length", "n_positions"), Key("embedding_length", "d_model"),
+           Key("feed_forward_length", "d_ff"), Key("attention.head_count", "num_heads"),
+           Key("attention.key_length", "d_kv"), Key("attention.value_length", "d_kv"),
+           Key("attention.layer_norm_rms_epsilon", "layer_norm_epsilon", "f32"),
+           Key("attention.layer_norm_epsilon", "layer_norm_epsilon", "f32"),  # llama.cpp's converter writes both
+           Key("attention.relative_buckets_count", "relative_attention_num_buckets"),
+           Key("decoder_start_token_id", "decoder_start_token_id", optional=True))
+
+
+def t5_gguf_problem(config: dict) -> str | None:
+    """What llama.cpp's t5 hard-codes: buckets up to a distance of 128, and the feed-forward by
+    whether it has a gate (ReLU without one, tanh-GELU with one)."""
+    if config["relative_attention_max_distance"] != 128:
+        return (f"llama.cpp's t5 buckets relative positions up to a distance of 128; this model's max_distance is "
+                f"{config['relative_attention_max_distance']}")
+    if config["feed_forward_proj"] not in ("relu", "gated-gelu"):
+        return (f"llama.cpp's t5 runs a ReLU feed-forward, or a tanh-GELU gated one; this model's is "
+                f"{config['feed_forward_proj']}")
+    return None
+
+
 @builtin("Hugging Face T5 v1.0/v1.1 <-> encoder_decoder (relative buckets)")
 class T5Converter(HFConverter):
     """config.json keys: d_model, d_kv, d_ff, num_layers, num_decoder_layers, num_heads,
@@ -59,10 +84,16 @@ class T5Converter(HFConverter):
 
     model_type = "t5"
     architecture = "T5ForConditionalGeneration"
+    gguf = GGUFArch("t5", keys=T5_KEYS, rope=False, problem=t5_gguf_problem, scaled_head="scale_decoder_outputs",
+                    config=lambda get: {"relative_attention_max_distance": 128, "is_encoder_decoder": True},
+                    from_tensors=lambda names: {
+                        "feed_forward_proj": "gated-gelu" if "enc.blk.0.ffn_gate.weight" in names else "relu"})
 
     def recipe(self, config: dict, names: Collection[str] = ()) -> dict:
         c = _config(config)
-        tied = "lm_head.weight" not in names
+        # a checkpoint's tensors say whether its head is tied (transformers' T5 configs may not);
+        # without them (a GGUF file's config, read by seqzoo), the config says
+        tied = "lm_head.weight" not in names if names else config.get("tie_word_embeddings", True) is not False
         make = glu_ffn if c["gated"] else mlp_ffn
         start = config.get("decoder_start_token_id")
         return {"model": {

@@ -95,6 +95,7 @@ class GGUFArch:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     from_tensors: Callable[[frozenset[str]], dict] | None = None
     drop: tuple[str, ...] = ()
+    scaled_head: str | None = None
 
     def key(self, name: str) -> str:
         return f"{self.name}.{name}"
@@ -233,6 +234,12 @@ def heads_fill_width(config: Mapping) -> str | None:
         return (f"llama.cpp's graph for this architecture needs heads × head_dim = hidden size; this model has "
                 f"{heads} × {head_dim} != {dim}")
     return None
+
+
+def head_scale(arch: GGUFArch, config: Mapping) -> float:
+    """d^-1/2 of a ``scaled_head`` family, d its embedding width."""
+    width = next(k.hf for k in arch.keys if k.name == "embedding_length")
+    return float(config[width]) ** -0.5
 
 
 def first(*checks: Callable[[Mapping], str | None]) -> Callable[[Mapping], str | None]:

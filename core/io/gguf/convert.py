@@ -27,7 +27,7 @@ from ..hf import converter_for, exporter_for, full_recipe, load_converted
 from ..hf.converter import special_ids
 from ..hf.rules import Rule
 from . import tokenizer as tokens
-from .arch import GGUFArch, as_is, llama3_factors
+from .arch import GGUFArch, as_is, head_scale, llama3_factors
 from .reader import GGUFFile, gguf_package
 
 #: Tensors llama.cpp keeps in float32 whatever the file's type (its converter's policy): besides
@@ -91,8 +91,9 @@ def tensor_rules(arch: GGUFArch, config: Mapping, names: list[str], blocks: int,
 
 
 def _blocks(arch: GGUFArch, config: Mapping) -> int:
-    key = next(k for k in arch.keys if k.name == "block_count")
-    return int(config[key.hf])
+    """How many blocks the name map must know: the deeper stack's (T5's decoder may be deeper)."""
+    return max(int(config[k.hf]) for k in arch.keys
+               if k.name in ("block_count", "decoder_block_count") and config.get(k.hf) is not None)
 
 
 # -- metadata -------------------------------------------------------------------------------------
@@ -323,6 +324,8 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
             raise CheckpointError(f"{where}: llama.cpp's {arch.name} always uses the token embedding as the output "
                                   f"head; this model's lm_head differs from it")
         del stored[OUTPUT]
+    if OUTPUT not in stored and arch.scaled_head and config.get(arch.scaled_head):
+        stored[OUTPUT] = scaled_embedding(stored[EMBEDDING], arch, config)
     if OUTPUT not in stored and arch.output == "required":
         stored[OUTPUT] = stored[EMBEDDING]  # a tied head, written out: llama.cpp will not reuse the embedding
     rows = int(stored[EMBEDDING].shape[0])
@@ -354,6 +357,12 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
     writer.close()
     os.replace(partial, out)
     return out
+
+
+def scaled_embedding(embedding: torch.Tensor, arch: GGUFArch, config: Mapping) -> torch.Tensor:
+    """A ``scaled_head`` family's tied head as llama.cpp runs it: the embedding times d^-1/2, in
+    float32 (the import recomputes it bit for bit to recognise the head as tied)."""
+    return embedding.to(torch.float32) * head_scale(arch, config)
 
 
 def _file_type(gguf, dtype: str) -> int:
@@ -403,10 +412,14 @@ def hf_config(source: GGUFFile, converter, arch: GGUFArch) -> dict:
         config.update(arch.config(source.get))
     if arch.from_tensors:
         config.update(arch.from_tensors(frozenset(source.tensors)))
-    if OUTPUT not in source.tensors:
+    same_shape = OUTPUT in source.tensors and source.shape(OUTPUT) == source.shape(EMBEDDING)
+    if arch.scaled_head:
+        config[arch.scaled_head] = same_shape and torch.equal(
+            source.tensor(OUTPUT), scaled_embedding(source.tensor(EMBEDDING), arch, config))
+    if OUTPUT not in source.tensors or (arch.scaled_head and config[arch.scaled_head]):
         config["tie_word_embeddings"] = True
     else:  # a head equal to the embedding is a tied one written out (required by some architectures)
-        config["tie_word_embeddings"] = (arch.output == "required" and source.shape(OUTPUT) == source.shape(EMBEDDING)
+        config["tie_word_embeddings"] = (arch.output == "required" and same_shape
                                          and torch.equal(source.tensor(OUTPUT), source.tensor(EMBEDDING)))
     return config
 
@@ -463,7 +476,8 @@ def from_gguf(path: str | os.PathLike, *, device: str | torch.device | None = No
             "pad_id": config["pad_token_id"],
             # WordPiece files add [CLS] and [SEP] unless they say otherwise, as llama.cpp does
             "add_special_tokens": bool(source.meta.get("tokenizer.ggml.add_bos_token",
-                                                       source.meta.get("tokenizer.ggml.model") == "bert"))}
+                                                       source.meta.get("tokenizer.ggml.model") == "bert")
+                                       or source.meta.get("tokenizer.ggml.add_eos_token", False))}
     return load_converted(converter, config, weights, source.path, device=device, dtype=dtype or "float32",
                           tokenizer_text=tokens.read(source.meta, where), tokenizer_spec=spec)
 

@@ -3,6 +3,11 @@ pre-tokenizer name llama.cpp splits text by (``tokenizer.ggml.pre``), and BERT's
 (``bert``), whose tokens llama.cpp spells with a phantom space: a word-initial piece ``x`` is
 ``▁x`` and a continuation ``##x`` is ``x``.
 
+SentencePiece's Unigram in T5's layout (a precompiled normaliser, whitespace split, ``▁`` before
+each word) is llama.cpp's ``t5`` vocabulary: the pieces with their log-probability scores, the
+same precompiled character map (llama.cpp applies it as SentencePiece does), extra whitespace
+removed.
+
 seqzoo's ``bytes`` tokenizer is written as a byte-level BPE with no merges: one token per byte, in
 byte order, then its special tokens, so llama.cpp tokenizes text exactly as seqzoo does (with no
 merges, how the text is split first changes nothing). A tokenizer whose pre-tokenizer has no
@@ -10,6 +15,7 @@ llama.cpp name is refused before anything is written.
 """
 from __future__ import annotations
 
+import base64
 import json
 
 from torch import nn
@@ -26,7 +32,10 @@ DIGITS_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone
 #: and a digit in different pieces. Its result is no token, and the import drops such merges.
 NEVER_MERGED = "a 1"
 #: GGUF token types (llama.cpp's llama_token_type).
-NORMAL, CONTROL, UNUSED = 1, 3, 5
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED = 1, 2, 3, 4, 5
+#: The score of a padding row of a Unigram vocabulary: llama.cpp's Viterbi can match an unused
+#: token's text, so it is made never worth it (llama.cpp's own converter writes this value).
+PADDING_SCORE = -10000.0
 
 
 def document(model: nn.Module) -> dict:
@@ -61,7 +70,58 @@ def vocabulary(model: nn.Module, vocab_size: int) -> dict:
         return wordpiece(doc, vocab_size)
     if kind == "BPE" and doc["model"].get("byte_fallback"):
         return sentencepiece(doc, vocab_size, tokenizer(model))
+    if kind == "Unigram":
+        return unigram(doc, vocab_size, tokenizer(model))
     return byte_level_bpe(model, vocab_size)
+
+
+def unigram(doc: dict, vocab_size: int, tok) -> dict:
+    """SentencePiece's Unigram in T5's layout as llama.cpp's ``t5`` vocabulary. llama.cpp's
+    normaliser applies the precompiled map, then (``remove_extra_whitespaces``) puts one ``▁``
+    before each run of non-spaces — what T5's tokenizer.json does with its whitespace split and
+    Metaspace — and its Viterbi scores each piece by the log-probability it is given here, with
+    SentencePiece's penalty for unknown characters. Special tokens of the vocabulary (T5's
+    ``<pad>``, ``</s>``, ``<extra_id_N>``) are control tokens, which llama.cpp finds in text when
+    asked to parse special tokens; added tokens beyond it are user-defined."""
+    normalizer = doc.get("normalizer") or {}
+    steps = normalizer.get("normalizers", [normalizer]) if normalizer else []
+    pre = doc.get("pre_tokenizer") or {}
+    splits = pre.get("pretokenizers", [pre])
+    layout = [p.get("type") for p in splits]
+    metaspace = splits[-1] if splits else {}
+    if ([n.get("type") for n in steps] not in ([], ["Precompiled"]) or layout != ["WhitespaceSplit", "Metaspace"]
+            or metaspace.get("replacement") != SPACE or metaspace.get("prepend_scheme") not in ("always", "first")):
+        normalised = [n.get("type") for n in steps]
+        raise CheckpointError(f"export-gguf: the Unigram tokenizer normalises with {normalised} and "
+                              f"splits with {layout}; llama.cpp's t5 vocabulary holds T5's layout (a precompiled "
+                              f"character map, a whitespace split, ▁ before every word), which this one is not")
+    model = doc["model"]
+    if model.get("byte_fallback"):
+        raise CheckpointError("export-gguf: the Unigram tokenizer falls back to bytes; llama.cpp's t5 vocabulary "
+                              "has no byte fallback (an unknown character is <unk>)")
+    pieces = model["vocab"]
+    if len(pieces) > vocab_size:
+        raise CheckpointError(f"export-gguf: the tokenizer has {len(pieces)} pieces, beyond the model's vocab_size "
+                              f"{vocab_size}")
+    added = {t["id"]: t for t in doc.get("added_tokens", [])}
+    tokens = [piece for piece, _ in pieces] + [f"[PAD{i}]" for i in range(len(pieces), vocab_size)]
+    scores = [float(score) for _, score in pieces] + [PADDING_SCORE] * (vocab_size - len(pieces))
+    types = [UNKNOWN if i == model.get("unk_id") else CONTROL if i in added and added[i].get("special") else NORMAL
+             for i in range(len(pieces))] + [UNUSED] * (vocab_size - len(pieces))
+    for index, token in added.items():
+        if index >= vocab_size:
+            raise CheckpointError(f"export-gguf: the tokenizer has id {index}, beyond the model's vocab_size")
+        if index >= len(pieces):
+            tokens[index], scores[index], types[index] = token["content"], 0.0, USER_DEFINED
+    charsmap = next((n["precompiled_charsmap"] for n in steps if n.get("type") == "Precompiled"), None)
+    # the special tokens the post-processor puts around the text (T5: </s> after it)
+    special = {i for i, t in added.items() if t.get("special")}
+    ends = tok.encode("a")
+    bos = ends[0] if len(ends) > 1 and ends[0] in special else None
+    eos = ends[-1] if len(ends) > 1 and ends[-1] in special else None
+    return {"model": "t5", "tokens": tokens, "scores": scores, "types": types,
+            "charsmap": base64.b64decode(charsmap) if charsmap else b"", "unknown": model.get("unk_id"),
+            "add_bos": bos is not None, "add_eos": eos is not None, "bos_token_id": bos, "eos_token_id": eos}
 
 
 #: GGUF's byte tokens: ``<0x00>`` … ``<0xFF>``.
@@ -133,7 +193,8 @@ def byte_level_bpe(model: nn.Module, vocab_size: int) -> dict:
     bpe = doc.get("model") or {}
     if bpe.get("type") != "BPE":
         raise CheckpointError(f"export-gguf: the tokenizer is {bpe.get('type')!r}; seqzoo writes GGUF's byte-level BPE "
-                              f"(gpt2), SentencePiece-style BPE (llama), WordPiece (bert) and the bytes tokenizer")
+                              f"(gpt2), SentencePiece-style BPE (llama), Unigram in T5's layout (t5), WordPiece (bert) "
+                              f"and the bytes tokenizer")
     ids, tokens = tokens_by_id(doc, vocab_size)
     missing = [i for i, t in enumerate(tokens) if t is None and i < len(ids)]
     if missing:
@@ -164,18 +225,25 @@ def write(writer, vocab: dict, ids: dict) -> None:
     writer.add_tokenizer_model(vocab["model"])
     writer.add_token_list(vocab["tokens"])
     writer.add_token_types(vocab["types"])
-    if vocab["model"] == "llama":
+    if vocab["model"] in ("llama", "t5"):
         writer.add_tokenizer_pre("default")
         writer.add_token_scores(vocab["scores"])
-        writer.add_add_space_prefix(vocab["space_prefix"])
+        if vocab["model"] == "llama":
+            writer.add_add_space_prefix(vocab["space_prefix"])
+        else:  # T5's layout: ▁ before every word, runs of spaces as one
+            writer.add_add_space_prefix(True)
+            writer.add_remove_extra_whitespaces(True)
+            if vocab["charsmap"]:
+                writer.add_precompiled_charsmap(vocab["charsmap"])
         if vocab["unknown"] is not None:
             writer.add_unk_token_id(vocab["unknown"])
         for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
                          ("pad_token_id", writer.add_pad_token_id)):
-            if ids.get(key) is not None:
-                add(ids[key])
+            value = ids.get(key) if ids.get(key) is not None else vocab.get(key)  # the model's, else the tokenizer's
+            if value is not None:
+                add(value)
         writer.add_add_bos_token(vocab["add_bos"])
-        writer.add_add_eos_token(False)
+        writer.add_add_eos_token(vocab.get("add_eos", False))
         return
     if vocab["model"] == "bert":
         writer.add_tokenizer_pre("default")
@@ -261,6 +329,37 @@ def read_sentencepiece(meta: dict) -> str:
     return piece.to_str()
 
 
+def read_unigram(meta: dict, where: str) -> str:
+    """A ``t5`` vocabulary back as T5's Unigram tokenizer.json: every id's piece and score, the
+    precompiled map, a whitespace split and ▁ before every word, control and user-defined tokens
+    as special added tokens, ``</s>`` appended where the file says so."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    if not meta.get("tokenizer.ggml.remove_extra_whitespaces", False) or \
+            not meta.get("tokenizer.ggml.add_space_prefix", True):
+        raise CheckpointError(f"{where}: this t5 vocabulary keeps extra whitespace or adds no space prefix; seqzoo "
+                              f"rebuilds T5's layout (extra whitespace removed, ▁ before every word) only")
+    tokens, types = list(meta["tokenizer.ggml.tokens"]), list(meta["tokenizer.ggml.token_type"])
+    scores = [float(s) for s in meta["tokenizer.ggml.scores"]]
+    unknown = meta.get("tokenizer.ggml.unknown_token_id")
+    piece = Tokenizer(models.Unigram(list(zip(tokens, scores)), unk_id=unknown, byte_fallback=False))
+    charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
+    if charsmap is not None and len(charsmap):
+        piece.normalizer = normalizers.Precompiled(bytes(bytearray(int(b) & 0xFF for b in charsmap)))
+    space = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    piece.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), space])
+    piece.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    piece.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                              for t, kind in zip(tokens, types) if kind in (UNKNOWN, CONTROL, USER_DEFINED)])
+    bos, eos = (meta.get(f"tokenizer.ggml.{n}_token_id") if meta.get(f"tokenizer.ggml.add_{n}_token", False)
+                else None for n in ("bos", "eos"))
+    if bos is not None or eos is not None:
+        template = ([tokens[bos]] if bos is not None else []) + ["$A"] + ([tokens[eos]] if eos is not None else [])
+        piece.post_processor = processors.TemplateProcessing(
+            single=" ".join(template), special_tokens=[(tokens[i], i) for i in (bos, eos) if i is not None])
+    return piece.to_str()
+
+
 def read(meta: dict, where: str) -> str:
     """The file's tokenizer as a tokenizers tokenizer.json text."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -270,9 +369,12 @@ def read(meta: dict, where: str) -> str:
         return read_wordpiece(meta)
     if kind == "llama":
         return read_sentencepiece(meta)
+    if kind == "t5":
+        return read_unigram(meta, where)
     if kind != "gpt2":
         raise CheckpointError(f"{where}: tokenizer.ggml.model {kind!r} is not supported; seqzoo rebuilds "
-                              f"byte-level BPE (gpt2) and WordPiece (bert) tokenizers")
+                              f"byte-level BPE (gpt2), SentencePiece-style BPE (llama), Unigram (t5) and WordPiece "
+                              f"(bert) tokenizers")
     if pre not in GPT2_PRE + DIGITS_PRE:
         raise CheckpointError(f"{where}: tokenizer.ggml.pre {pre!r} is not supported; supported: "
                               f"{', '.join(GPT2_PRE + DIGITS_PRE)}")
