@@ -53,7 +53,8 @@ class TrainConfig:
     and process (32). lr: peak learning rate (3e-4). warmup: linear warm-up steps (100).
     schedule: cosine | linear | constant after warm-up (cosine). min_lr_ratio: where the decay
     ends, as a fraction of lr (0.1). weight_decay: AdamW decay of weight matrices (0.01; vectors —
-    norms and biases — are not decayed). beta1, beta2: AdamW betas (0.9, 0.95). grad_clip: clip
+    norms and biases — are not decayed, nor what a module lists in ``no_weight_decay``, such as
+    Mamba's A_log). beta1, beta2: AdamW betas (0.9, 0.95). grad_clip: clip
     the global gradient norm to this (1.0; null = off). eval_every: evaluate every N steps (0 =
     at the end only). eval_examples: held-out examples per evaluation (256). log_every: a history
     entry every N steps (10). save_every: write the checkpoint every N steps (0 = at the end).

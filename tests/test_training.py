@@ -273,3 +273,22 @@ def test_train_given_a_checkpoint_as_the_recipe_says_what_to_do(trained, capsys)
     assert err == (f"seqzoo: error: {trained}: is a checkpoint (safetensors), not a YAML recipe; its recipe is "
                    f"inside it: `seqzoo train --init {trained}` trains from its weights, `--resume` continues its "
                    f"run, `seqzoo generate {trained}` runs it")
+
+
+@pytest.mark.parametrize("name", ["tiny-mamba", "tiny-mamba2", "tiny-llama"])
+def test_weight_decay_spares_norms_biases_and_mambas_a_and_d(name):
+    """AdamW decays weight matrices only: not vectors, and not Mamba's A_log (a matrix in Mamba 1)
+    or D, which the reference implementation (mamba_ssm) marks ``_no_weight_decay``."""
+    from seqzoo.train.distributed import optimizer_for
+
+    model = seqzoo.build(name, device="cpu")
+    decayed, spared = optimizer_for(model, TrainConfig(weight_decay=0.1)).param_groups
+    assert decayed["weight_decay"] == 0.1 and spared["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed_names = {names[id(p)] for p in decayed["params"]}
+    spared_names = {names[id(p)] for p in spared["params"]}
+    assert decayed_names | spared_names == set(names.values())
+    assert not any(n.endswith(("A_log", ".D", "norm.weight", "bias")) for n in decayed_names), decayed_names
+    assert any(n.endswith("out_proj.weight") or n.endswith("o_proj.weight") for n in decayed_names)
+    if name == "tiny-mamba":
+        assert "decoder.blocks.0.attn.A_log" in spared_names  # (inner, state): a matrix, yet spared

@@ -59,9 +59,24 @@ def wrap(model: nn.Module, config: TrainConfig, dist_info: Distributed, device: 
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+def undecayed(model: nn.Module) -> set[int]:
+    """ids of the parameters a module names in its ``no_weight_decay`` (Mamba's A_log and D, which
+    the reference implementation keeps out of weight decay: decay would pull every state's decay
+    rate A = −exp(A_log) towards −1)."""
+    found = set()
+    for module in model.modules():
+        for name in getattr(module, "no_weight_decay", ()):
+            parameter = getattr(module, name, None)
+            if isinstance(parameter, nn.Parameter):
+                found.add(id(parameter))
+    return found
+
+
 def optimizer_for(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    matrices = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    vectors = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    exempt = undecayed(model)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    matrices = [p for p in trained if p.dim() >= 2 and id(p) not in exempt]
+    vectors = [p for p in trained if p.dim() < 2 or id(p) in exempt]
     groups = [{"params": matrices, "weight_decay": config.weight_decay},
               {"params": vectors, "weight_decay": 0.0}]
     # The fused kernel (CPU and CUDA) is one pass over each parameter instead of foreach's several.

@@ -47,6 +47,7 @@ class Mamba(Mixer):
 
     causal_only = True
     own_init = True  # A, D and the Δ bias have initialisations of their own
+    no_weight_decay = ("A_log", "D")  # as the reference implementation: decay would pull A towards −1
 
     def __init__(self, dim: int, state: PositiveInt = 16, conv: PositiveInt = 4, expand: PositiveInt = 2,
                  dt_rank: PositiveInt | None = None, bias: bool = False, conv_bias: bool = True,

@@ -52,6 +52,7 @@ class Mamba2(Mixer):
 
     causal_only = True
     own_init = True  # A, D and the Δ bias have initialisations of their own
+    no_weight_decay = ("A_log", "D")  # as the reference implementation: decay would pull A towards −1
     example_params = {"state": 8, "head_dim": 8, "groups": 2}  # heads that fit the kit's width
 
     def __init__(self, dim: int, state: PositiveInt = 128, head_dim: PositiveInt = 64, groups: PositiveInt = 1,
