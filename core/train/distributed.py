@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import TrainConfig
+from ..interfaces import Part
 
 
 @dataclass
@@ -60,16 +61,11 @@ def wrap(model: nn.Module, config: TrainConfig, dist_info: Distributed, device: 
 
 
 def undecayed(model: nn.Module) -> set[int]:
-    """ids of the parameters a module names in its ``no_weight_decay`` (Mamba's A_log and D, which
+    """ids of the parameters a part names in its ``no_weight_decay`` (Mamba's A_log and D, which
     the reference implementation keeps out of weight decay: decay would pull every state's decay
     rate A = −exp(A_log) towards −1)."""
-    found = set()
-    for module in model.modules():
-        for name in getattr(module, "no_weight_decay", ()):
-            parameter = getattr(module, name, None)
-            if isinstance(parameter, nn.Parameter):
-                found.add(id(parameter))
-    return found
+    return {id(module.get_parameter(name)) for module in model.modules() if isinstance(module, Part)
+            for name in module.no_weight_decay}
 
 
 def optimizer_for(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
