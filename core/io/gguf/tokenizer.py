@@ -89,9 +89,9 @@ def unigram(doc: dict, vocab_size: int, tok) -> dict:
     splits = pre.get("pretokenizers", [pre])
     layout = [p.get("type") for p in splits]
     metaspace = splits[-1] if splits else {}
-    if ([n.get("type") for n in steps] not in ([], ["Precompiled"]) or layout != ["WhitespaceSplit", "Metaspace"]
+    normalised = [n.get("type") for n in steps]
+    if (normalised not in ([], ["Precompiled"]) or layout != ["WhitespaceSplit", "Metaspace"]
             or metaspace.get("replacement") != SPACE or metaspace.get("prepend_scheme") not in ("always", "first")):
-        normalised = [n.get("type") for n in steps]
         raise CheckpointError(f"export-gguf: the Unigram tokenizer normalises with {normalised} and "
                               f"splits with {layout}; llama.cpp's t5 vocabulary holds T5's layout (a precompiled "
                               f"character map, a whitespace split, ▁ before every word), which this one is not")
