@@ -98,18 +98,27 @@ def smollm2_file() -> str | None:
     return path if os.path.isfile(path) else None
 
 
+def python_docs(folder) -> str:
+    """A training text every machine has: 40 topics of Python's own documentation, written to
+    ``folder``/corpus.txt (its path)."""
+    import os
+    import pydoc_data.topics
+
+    corpus = os.path.join(folder, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write("\n\n".join(list(pydoc_data.topics.topics.values())[:40]))
+    return corpus
+
+
 def sentencepiece_model(folder) -> torch.nn.Module:
     """A tiny LLaMA with a SentencePiece-style tokenizer (Llama 2's layout: ▁ for spaces and one
     before the text, byte fallback, <s> first) trained by the tokenizers package on Python's
     documentation, saved as ``folder``/tokenizer.json."""
     import os
-    import pydoc_data.topics
 
     from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
 
-    corpus = os.path.join(folder, "corpus.txt")
-    with open(corpus, "w", encoding="utf-8") as f:
-        f.write("\n\n".join(list(pydoc_data.topics.topics.values())[:40]))
+    corpus = python_docs(folder)
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
@@ -131,15 +140,12 @@ def unigram_model(folder) -> tuple[torch.nn.Module, str]:
     character map, a whitespace split, ▁ before every word, </s> after the text, four
     <extra_id_N> after the pieces."""
     import os
-    import pydoc_data.topics
 
     import sentencepiece
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    corpus, prefix = os.path.join(folder, "corpus.txt"), os.path.join(folder, "spiece")
-    with open(corpus, "w", encoding="utf-8") as f:
-        f.write("\n".join(list(pydoc_data.topics.topics.values())[:40]))
+    corpus, prefix = python_docs(folder), os.path.join(folder, "spiece")
     sentencepiece.SentencePieceTrainer.train(input=corpus, model_prefix=prefix, vocab_size=600, model_type="unigram",
                                              pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
     proto = sentencepiece_model_pb2.ModelProto()
