@@ -390,3 +390,32 @@ def test_without_numba_the_scan_says_so_once_and_takes_the_chunked_path(monkeypa
     notice = capsys.readouterr().err.strip().splitlines()
     assert len(notice) == 1 and "PyTorch path" in notice[0] and "seqzoo[fast]" in notice[0]
     assert torch.equal(y, chunked_scan(u, dt, A, B, C, h)[0])
+
+
+@pytest.mark.parametrize("spec", [{"kind": "mamba", "state": 4, "conv": 3},
+                                  {"kind": "mamba2", "state": 4, "head_dim": 8, "groups": 2, "bias": True}])
+def test_a_mimetic_start_gives_c_the_b_of_every_token_and_almost_no_decay(spec):
+    """Trockman et al. (2024): at a mimetic start C_t = B_t for every input, so C_t · B_s is a
+    similarity of the tokens' inputs, and A = −0.01 keeps the past: at Δ = 0.1 a token still weighs
+    > 0.5 after 512 steps. Without the option B and C are independent."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 16)
+
+    def b_and_c(mixer):
+        if spec["kind"] == "mamba":
+            u = F.silu(mixer.conv1d(F.pad(mixer.in_proj(x).chunk(2, -1)[0].transpose(1, 2), (2, 0))).transpose(1, 2))
+            _, B, C = mixer.x_proj(u).split([mixer.dt_rank, 4, 4], -1)
+            return B, C
+        _, xBC, _ = mixer.in_proj(x).split([mixer.inner, mixer.conv_dim, mixer.heads], -1)
+        xBC = F.silu(mixer.conv1d(F.pad(xBC.transpose(1, 2), (3, 0))).transpose(1, 2))
+        _, B, C = xBC.split([mixer.inner, 8, 8], -1)
+        return B, C
+
+    with torch.no_grad():
+        mimetic = seqzoo.registry().create("mixer", {**spec, "mimetic": True}, 16)
+        B, C = b_and_c(mimetic)
+        assert torch.allclose(B, C, rtol=0, atol=1e-6) and B.abs().sum() > 0  # up to BLAS blocking
+        assert torch.allclose(-torch.exp(mimetic.A_log), torch.full_like(mimetic.A_log, -0.01))
+        assert torch.exp(-0.01 * 0.1 * torch.tensor(512.0)) > 0.5
+        B, C = b_and_c(seqzoo.registry().create("mixer", spec, 16))
+        assert not torch.allclose(B, C, atol=1e-3)

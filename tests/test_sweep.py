@@ -11,6 +11,7 @@ from seqzoo.lab.sweep import (
     overall_verdict,
     state_floats,
     state_space_contenders,
+    trainability,
     verdict,
 )
 
@@ -74,3 +75,22 @@ def test_helpers_and_the_rule_across_depths():
     assert overall_verdict(["supported", "not supported"]) == "not supported"
     assert overall_verdict(["supported", "inconclusive"]) == "inconclusive"
     assert overall_verdict(["not supported", "invalid"]) == "invalid"
+
+
+def test_the_mimetic_control_sits_after_its_family_outside_the_verdict_and_reads_against_its_default():
+    who = [Contender("attention", "attention", None, ()),
+           *state_space_contenders({"mamba": [4, 16], "mamba2": [16]}, hybrid=True, mimetic={"mamba": [16]})]
+    assert [c.name for c in who] == ["attention", "mamba N=4", "mamba N=16", "mamba N=16 mimetic", "mamba2 N=16",
+                                     "hybrid 1:4"]
+    control = who[3]
+    assert control.family == "mamba mimetic" and not control.pure_ssm and "mimetic: true" in control.overrides[0]
+    # a control that learns where the default does not changes nothing in the verdict ...
+    learned = dict(SUPPORTED, **{"mamba N=16 mimetic": [1.0, 1.0, 0.95, 0.7, 0.3]})
+    outcome, reasons = verdict(who, learned, SOLVED, XS, reference="attention")
+    assert outcome == "supported" and not any("mimetic" in r for r in reasons)
+    # ... and reads as trainability where it is ≥ 0.2 above a default below 0.9, with its own limit
+    assert trainability(who, learned, XS) == ["mamba N=16 mimetic against mamba N=16: trainability at x = 32; "
+                                              "the mimetic start first drops at x = 32 below 0.9"]
+    same = dict(SUPPORTED, **{"mamba N=16 mimetic": SUPPORTED["mamba N=16"]})
+    assert trainability(who, same, XS) == [
+        "mamba N=16 mimetic against mamba N=16: no change; the mimetic start first drops at x = 16 below 0.9"]

@@ -12,7 +12,8 @@ The design (docs/experiments.md states it, and the criteria, before the results)
 - contenders at equal parameter counts: attention with RoPE (a position scheme that does not
   extrapolate) and with hard ALiBi (local heads plus heads without position bias, the paper's
   scheme that does), Mamba at d_state 4, 16 and 64, Mamba-2 at 16 and 64, and the hybrid (Mamba-2
-  with attention in one layer of four);
+  with attention in one layer of four); and a trainability control outside the verdict, Mamba at
+  d_state 16 started as linear attention (``mimetic``, Trockman et al., 2024);
 - four layers, C = 64, L = 32, held-out lengths 8 … 256;
 - a learning-rate sweep per contender on the first seed, then three seeds at its best rate;
 - sample efficiency: exact copies at L against the training strings seen, from the evaluations
@@ -37,7 +38,7 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
     found = [Contender(REFERENCE, "attention", None, ("model.position={kind: hard_alibi}",))]
     if shape.get("rope"):
         found.append(Contender("attention RoPE", "attention", None, ()))
-    found += state_space_contenders(shape["states"], shape.get("hybrid", False))
+    found += state_space_contenders(shape["states"], shape.get("hybrid", False), shape.get("mimetic"))
     return [c for c in found if layers >= c.min_layers]
 
 
@@ -47,10 +48,10 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
 FULL = {"dim": 64, "heads": 4, "hidden": 256, "layers": [4], "alphabet": 26, "max_len": 32,
         "lengths": [8, 16, 32, 64, 128, 256], "steps": 4000, "batch": 64, "rates": [3e-4, 1e-3, 3e-3],
         "eval": 256, "evals": 4, "seeds": [0, 1, 2], "states": {"mamba": [4, 16, 64], "mamba2": [16, 64]},
-        "hybrid": True, "rope": True}
+        "mimetic": {"mamba": [16]}, "hybrid": True, "rope": True}
 QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "alphabet": 8, "max_len": 4, "lengths": [4, 8],
          "steps": 4, "batch": 8, "rates": [1e-3, 3e-3], "eval": 8, "evals": 2, "seeds": [0],
-         "states": {"mamba": [4]}, "hybrid": False, "rope": False}
+         "states": {"mamba": [4]}, "mimetic": {"mamba": [4]}, "hybrid": False, "rope": False}
 
 
 def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,

@@ -10,7 +10,8 @@ access, and attention in one layer of four brings it back.
 The design (docs/experiments.md states it, and the criteria, before the results):
 - contenders at equal parameter counts (the FFN width solved per model): attention (RoPE), Mamba
   at d_state 4, 16 and 64, Mamba-2 at 16 and 64, and, at four layers, a hybrid of Mamba-2 layers
-  with attention in every fourth;
+  with attention in every fourth; and a trainability control outside the verdict, Mamba at d_state
+  16 started as linear attention (``mimetic``, Trockman et al., 2024);
 - two and four layers, C = 128, N up to 64 in rows of T = 4N tokens (Zoology pairs each N with its T);
 - a learning-rate sweep per contender on the first seed, then three seeds at its best rate;
 - accuracy per N: the share of queried values the argmax predicts, on 500 held-out rows per N;
@@ -36,7 +37,7 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
     """Attention first (every parameter count is matched to it), then the SSMs by family and state,
     then the hybrid where the depth allows it."""
     found = [Contender("attention", "attention", None, ()),
-             *state_space_contenders(shape["states"], shape.get("hybrid", False))]
+             *state_space_contenders(shape["states"], shape.get("hybrid", False), shape.get("mimetic"))]
     return [c for c in found if layers >= c.min_layers]
 
 
@@ -46,7 +47,8 @@ def contenders(shape: dict, layers: int) -> list[Contender]:
 #: seed 0 it left the plateau only between steps 800 and 1,200 (0.80 at 1,200), so 3,000 steps.
 FULL = {"dim": 128, "heads": 2, "hidden": 256, "layers": [2, 4], "keys": 64, "pairs": [4, 8, 16, 32, 64],
         "length_per_pair": 4, "steps": 3000, "batch": 64, "rates": [3e-4, 1e-3, 3e-3], "eval": 500, "evals": 3,
-        "seeds": [0, 1, 2], "states": {"mamba": [4, 16, 64], "mamba2": [16, 64]}, "hybrid": True}
+        "seeds": [0, 1, 2], "states": {"mamba": [4, 16, 64], "mamba2": [16, 64]},
+        "mimetic": {"mamba": [16]}, "hybrid": True}
 QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "keys": 16, "pairs": [2, 4], "length_per_pair": 4,
          "steps": 4, "batch": 8, "rates": [1e-3, 3e-3], "eval": 8, "evals": 1, "seeds": [0],
          "states": {"mamba": [4]}, "hybrid": False}

@@ -195,18 +195,45 @@ def verdict(contenders: list[Contender], means: dict[str, list[float]], referenc
     return ("supported" if ok else "inconclusive"), reasons
 
 
-def state_space_contenders(states: dict[str, list[int]], hybrid: bool) -> list[Contender]:
+def trainability(contenders: list[Contender], means: dict[str, list[float]], xs: list[int]) -> list[str]:
+    """The trainability control's reading, stated before its results: one line per mimetic
+    contender, against the default model of its family and state.
+    - "trainability": at some x the default is below HOLDS and the mimetic start at least GAP above
+      it; there the default's shortfall is a matter of training at this budget, not of its state;
+    - either way, the first x at which the mimetic start itself drops below HOLDS, if any: the limit
+      that a better start does not lift at this budget;
+    - "no change": neither; the default's curve stands as the verdict reads it."""
+    lines = []
+    for control in (c for c in contenders if c.family.endswith(" mimetic")):
+        default = next((c.name for c in contenders if c.family == control.family.removesuffix(" mimetic")
+                        and c.state == control.state), None)
+        if default is None:
+            continue
+        ahead = [x for x, d, m in zip(xs, means[default], means[control.name]) if d < HOLDS and m >= d + GAP]
+        onset = first_below(means[control.name], xs, HOLDS)
+        limit = "never drops" if onset == float("inf") else f"first drops at x = {onset}"
+        reading = f"trainability at x = {', '.join(map(str, ahead))}" if ahead else "no change"
+        lines.append(f"{control.name} against {default}: {reading}; the mimetic start {limit} below {HOLDS}")
+    return lines
+
+
+def state_space_contenders(states: dict[str, list[int]], hybrid: bool,
+                           mimetic: dict[str, list[int]] | None = None) -> list[Contender]:
     """Mamba and Mamba-2 (expand 2; Mamba-2 heads of 16) at each d_state of ``states``, without
-    position scheme, and optionally the hybrid: Mamba-2 (N = 16) with attention in every fourth
-    layer."""
+    position scheme; after each family its trainability controls, the same model at each d_state
+    of ``mimetic`` started as linear attention (``mimetic: true``, Trockman et al., 2024; family
+    "<family> mimetic", outside the verdict); and optionally the hybrid: Mamba-2 (N = 16) with
+    attention in every fourth layer."""
     found = []
-    for state in states.get("mamba", []):
-        found.append(Contender(f"mamba N={state}", "mamba", state,
-                               (f"model.mixer={{kind: mamba, state: {state}, expand: 2}}", "model.position=none")))
-    for state in states.get("mamba2", []):
-        found.append(Contender(f"mamba2 N={state}", "mamba2", state,
-                               (f"model.mixer={{kind: mamba2, state: {state}, head_dim: 16, expand: 2}}",
-                                "model.position=none")))
+    spec = {"mamba": "{{kind: mamba, state: {state}, expand: 2{extra}}}",
+            "mamba2": "{{kind: mamba2, state: {state}, head_dim: 16, expand: 2{extra}}}"}
+    for family in ("mamba", "mamba2"):
+        for state, extra in [*((s, "") for s in states.get(family, [])),
+                             *((s, ", mimetic: true") for s in (mimetic or {}).get(family, []))]:
+            suffix = " mimetic" if extra else ""
+            found.append(Contender(f"{family} N={state}{suffix}", family + suffix, state,
+                                   ("model.mixer=" + spec[family].format(state=state, extra=extra),
+                                    "model.position=none")))
     if hybrid:
         found.append(Contender("hybrid 1:4", "hybrid", 16,
                                ("model.mixer={kind: mamba2, state: 16, head_dim: 16, expand: 2}",
@@ -224,6 +251,7 @@ def tabulate(who: list[Contender], found: dict, groups: list[str], metric: str, 
     means = {name: [statistics.fmean(values[g]) for g in groups] for name, values in table.items()}
     by_seed = [list(values) for values in zip(*[table[reference][g] for g in groups])]  # seed -> per group
     outcome, reasons = verdict(who, means, by_seed, xs, reference=reference, checked=checked)
+    reasons += trainability(who, means, xs)  # the control, beside the verdict and outside it
     rows = []
     for c in who:
         spread = [statistics.pstdev(table[c.name][g]) for g in groups]

@@ -30,6 +30,7 @@ from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 from ._conv_state import MambaState, causal_conv
+from ._mimetic import mimic_linear_attention
 from ._segments import in_segments
 from ._selective_scan import selective_scan, selective_step
 
@@ -43,7 +44,8 @@ class Mamba(Mixer):
     RMS norm of Δ (over its R features, before dt_proj), B and C (over their N) each, in float32 (null:
     none; Falcon-Mamba (Zuo et al., 2024) sets 1e-6 to keep them in scale). bcdt_norm_weights: give
     those norms learned weights, ``dt_norm`` (R), ``b_norm`` and ``c_norm`` (N) (false; Jamba, Lieber
-    et al., 2024, has them)."""
+    et al., 2024, has them). mimetic: start as linear attention does, with C's projection a copy of B's
+    and almost no decay (``_mimetic``; Trockman et al., 2024) (false)."""
 
     causal_only = True
     own_init = True  # A, D and the Δ bias have initialisations of their own
@@ -52,7 +54,8 @@ class Mamba(Mixer):
     def __init__(self, dim: int, state: PositiveInt = 16, conv: PositiveInt = 4, expand: PositiveInt = 2,
                  dt_rank: PositiveInt | None = None, bias: bool = False, conv_bias: bool = True,
                  dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1, chunk: PositiveInt = 64,
-                 bcdt_norm_eps: PositiveFloat | None = None, bcdt_norm_weights: bool = False) -> None:
+                 bcdt_norm_eps: PositiveFloat | None = None, bcdt_norm_weights: bool = False,
+                 mimetic: bool = False) -> None:
         super().__init__(dim)
         self.inner, self.state_size, self.kernel = expand * dim, state, conv
         self.dt_rank = dt_rank or math.ceil(dim / 16)
@@ -74,6 +77,10 @@ class Mamba(Mixer):
             nn.init.uniform_(self.dt_proj.weight, -self.dt_rank ** -0.5, self.dt_rank ** -0.5)
             dt = torch.exp(torch.rand(inner) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹
+        if mimetic:
+            rows = self.x_proj.weight  # (R + 2N, E): Δ's rows, then B's, then C's
+            b_rows = rows[self.dt_rank:self.dt_rank + state]
+            mimic_linear_attention(self.A_log, (b_rows, rows[self.dt_rank + state:]))
 
     def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
                   dtype: torch.dtype | None = None) -> MambaState:

@@ -24,6 +24,7 @@ from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 from ._conv_state import MambaState, causal_conv
+from ._mimetic import mimic_linear_attention
 from ._segments import in_segments
 from ._ssd import ssd_scan, ssd_step
 
@@ -48,7 +49,9 @@ class Mamba2(Mixer):
     """state: N (128). head_dim: P (64). groups: G, of heads sharing B and C (1). conv: K (4).
     expand: E / C (2). bias: on in_proj/out_proj (false). conv_bias (true). norm_eps: the gated
     RMSNorm's ε (1e-5). dt_min, dt_max: initial step range (0.001, 0.1). dt_limit: [lo, hi] clamp
-    of Δ (null: none). chunk: the SSD chunk length (64)."""
+    of Δ (null: none). chunk: the SSD chunk length (64). mimetic: start as linear attention does, with
+    C's projection and conv channels copies of B's and almost no decay (``_mimetic``; Trockman et al.,
+    2024) (false)."""
 
     causal_only = True
     own_init = True  # A, D and the Δ bias have initialisations of their own
@@ -58,7 +61,7 @@ class Mamba2(Mixer):
     def __init__(self, dim: int, state: PositiveInt = 128, head_dim: PositiveInt = 64, groups: PositiveInt = 1,
                  conv: PositiveInt = 4, expand: PositiveInt = 2, bias: bool = False, conv_bias: bool = True,
                  norm_eps: PositiveFloat = 1e-5, dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1,
-                 dt_limit: list[float] | None = None, chunk: PositiveInt = 64) -> None:
+                 dt_limit: list[float] | None = None, chunk: PositiveInt = 64, mimetic: bool = False) -> None:
         super().__init__(dim)
         inner = expand * dim
         if inner % head_dim or (inner // head_dim) % groups:
@@ -76,6 +79,16 @@ class Mamba2(Mixer):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹ of the initial Δ
         self.norm = GatedRMSNorm(inner, groups, norm_eps)
         self.out_proj = Linear(inner, dim, bias=bias)
+        if mimetic:
+            width = groups * state
+            b, c = 2 * inner, 2 * inner + width  # in_proj rows are z, x, B, C, Δ; conv channels x, B, C
+            pairs = [(self.in_proj.weight[b:c], self.in_proj.weight[c:c + width]),
+                     (self.conv1d.weight[inner:inner + width], self.conv1d.weight[inner + width:])]
+            if bias:
+                pairs.append((self.in_proj.bias[b:c], self.in_proj.bias[c:c + width]))
+            if conv_bias:
+                pairs.append((self.conv1d.bias[inner:inner + width], self.conv1d.bias[inner + width:]))
+            mimic_linear_attention(self.A_log, *pairs)
 
     def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
                   dtype: torch.dtype | None = None) -> MambaState:
