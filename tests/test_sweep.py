@@ -8,6 +8,7 @@ from seqzoo.lab.sweep import (
     Contender,
     falls,
     first_below,
+    line_style,
     overall_verdict,
     state_floats,
     state_space_contenders,
@@ -84,6 +85,7 @@ def test_the_mimetic_control_sits_after_its_family_outside_the_verdict_and_reads
                                      "hybrid 1:4"]
     control = who[3]
     assert control.family == "mamba mimetic" and not control.pure_ssm and "mimetic: true" in control.overrides[0]
+    assert [line_style(c.family) for c in who] == ["--", "-", "-", ":", "-", "--"]  # the figures' lines
     # a control that learns where the default does not changes nothing in the verdict ...
     learned = dict(SUPPORTED, **{"mamba N=16 mimetic": [1.0, 1.0, 0.95, 0.7, 0.3]})
     outcome, reasons = verdict(who, learned, SOLVED, XS, reference="attention")

@@ -29,7 +29,16 @@ from collections.abc import Callable
 import torch
 
 from .result import ExperimentResult
-from .sweep import OPTIMIZER, Contender, every_depth, model_base, state_space_contenders, training, vocabulary
+from .sweep import (
+    OPTIMIZER,
+    Contender,
+    every_depth,
+    line_style,
+    model_base,
+    state_space_contenders,
+    training,
+    vocabulary,
+)
 
 REFERENCE = "attention hard-ALiBi"
 
@@ -105,10 +114,10 @@ def draw(result: ExperimentResult, fig) -> None:
     depth = data["depths"][list(data["depths"])[-1]]
     left, right = fig.subplots(1, 2)
     for name, means in depth["means"].items():
-        dashed = depth["family"][name] in ("attention", "hybrid")
-        left.plot(data["lengths"], means, marker="o", ms=4, label=name, ls="--" if dashed else "-")
+        style = line_style(depth["family"][name])
+        left.plot(data["lengths"], means, marker="o", ms=4, label=name, ls=style)
         curve = depth["efficiency"][name]
-        right.plot(curve["strings"], curve["exact"], label=name, ls="--" if dashed else "-")
+        right.plot(curve["strings"], curve["exact"], label=name, ls=style)
     left.axvspan(min(data["lengths"]) * 0.9, data["max_len"], color="grey", alpha=0.15, label="trained lengths")
     left.set_xscale("log", base=2)
     left.set_xticks(data["lengths"], [str(n) for n in data["lengths"]])

@@ -30,7 +30,16 @@ from collections.abc import Callable
 import torch
 
 from .result import ExperimentResult
-from .sweep import OPTIMIZER, Contender, every_depth, model_base, state_space_contenders, training, vocabulary
+from .sweep import (
+    OPTIMIZER,
+    Contender,
+    every_depth,
+    line_style,
+    model_base,
+    state_space_contenders,
+    training,
+    vocabulary,
+)
 
 
 def contenders(shape: dict, layers: int) -> list[Contender]:
@@ -93,8 +102,7 @@ def draw(result: ExperimentResult, fig) -> None:
             for name, means in depth["means"].items():
                 family = depth["family"][name]
                 if family in ("attention", "hybrid") or depth["state"][name] == state:
-                    ax.plot(data["pairs"], means, marker="o", ms=4, label=name,
-                            ls="--" if family in ("attention", "hybrid") else "-")
+                    ax.plot(data["pairs"], means, marker="o", ms=4, label=name, ls=line_style(family))
             ax.set_xscale("log", base=2)
             ax.set_xticks(data["pairs"], [str(n) for n in data["pairs"]])
             ax.set(xlabel="key–value pairs N", ylabel="recall accuracy", ylim=(-0.02, 1.02),

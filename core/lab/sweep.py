@@ -242,6 +242,12 @@ def state_space_contenders(states: dict[str, list[int]], hybrid: bool,
     return found
 
 
+def line_style(family: str) -> str:
+    """How a study's figures draw a family: attention and the hybrid dashed, the mimetic controls
+    dotted, the pure state-space models solid."""
+    return "--" if family in ("attention", "hybrid") else ":" if family.endswith(" mimetic") else "-"
+
+
 def tabulate(who: list[Contender], found: dict, groups: list[str], metric: str, xs: list[int], *, dim: int,
              reference: str, checked: list[int] | None = None) -> tuple[dict, list[list]]:
     """One depth of a study -> (its data: means, every seed's value, the sweep, the best rates,
