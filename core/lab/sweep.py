@@ -197,7 +197,8 @@ def verdict(contenders: list[Contender], means: dict[str, list[float]], referenc
 
 def trainability(contenders: list[Contender], means: dict[str, list[float]], xs: list[int]) -> list[str]:
     """The trainability control's reading, stated before its results: one line per mimetic
-    contender, against the default model of its family and state.
+    contender, against the default model of its family and state (a control without one has no
+    reading).
     - "trainability": at some x the default is below HOLDS and the mimetic start at least GAP above
       it; there the default's shortfall is a matter of training at this budget, not of its state;
     - either way, the first x at which the mimetic start itself drops below HOLDS, if any: the limit
@@ -257,7 +258,8 @@ def tabulate(who: list[Contender], found: dict, groups: list[str], metric: str, 
     means = {name: [statistics.fmean(values[g]) for g in groups] for name, values in table.items()}
     by_seed = [list(values) for values in zip(*[table[reference][g] for g in groups])]  # seed -> per group
     outcome, reasons = verdict(who, means, by_seed, xs, reference=reference, checked=checked)
-    reasons += trainability(who, means, xs)  # the control, beside the verdict and outside it
+    if outcome != "invalid":  # an invalid table reports no comparison, the control's included
+        reasons += trainability(who, means, xs)  # the control, beside the verdict and outside it
     rows = []
     for c in who:
         spread = [statistics.pstdev(table[c.name][g]) for g in groups]
