@@ -12,6 +12,7 @@ from seqzoo.lab.sweep import (
     overall_verdict,
     state_floats,
     state_space_contenders,
+    tabulate,
     trainability,
     verdict,
 )
@@ -96,3 +97,24 @@ def test_the_mimetic_control_sits_after_its_family_outside_the_verdict_and_reads
     same = dict(SUPPORTED, **{"mamba N=16 mimetic": SUPPORTED["mamba N=16"]})
     assert trainability(who, same, XS) == [
         "mamba N=16 mimetic against mamba N=16: no change; the mimetic start first drops at x = 16 below 0.9"]
+
+
+def test_tabulate_reads_the_control_only_when_the_table_is_valid():
+    who = [Contender("attention", "attention", None, ()),
+           *state_space_contenders({"mamba": [16]}, hybrid=False, mimetic={"mamba": [16]})]
+    groups = [f"N={x}" for x in XS]
+
+    def found(attention):
+        curves = {"attention": attention, "mamba N=16": [0.3, 0.2, 0.1, 0.05, 0.02],
+                  "mamba N=16 mimetic": [1.0, 1.0, 0.8, 0.4, 0.1]}
+        runs = {name: [{"eval": {"groups": {g: {"accuracy": v} for g, v in zip(groups, curve)}}}] * 3
+                for name, curve in curves.items()}
+        return {"runs": runs, "parameters": dict.fromkeys(curves, 1000), "best": dict.fromkeys(curves, 1e-3),
+                "sweep": {name: {1e-3: 0.5} for name in curves}}
+
+    data, rows = tabulate(who, found([1.0] * 5), groups, "accuracy", XS, dim=64, reference="attention")
+    assert data["reasons"][-1] == ("mamba N=16 mimetic against mamba N=16: trainability at x = 4, 8, 16, 32; "
+                                   "the mimetic start first drops at x = 16 below 0.9")
+    assert [r[:2] for r in rows] == [["attention", "KV cache"], ["mamba N=16", 2048], ["mamba N=16 mimetic", 2048]]
+    data, _ = tabulate(who, found([1.0, 1.0, 1.0, 1.0, 0.5]), groups, "accuracy", XS, dim=64, reference="attention")
+    assert data["verdict"] == "invalid" and not any("mimetic" in r for r in data["reasons"])
