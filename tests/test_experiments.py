@@ -29,8 +29,10 @@ def test_quick_mode_writes_table_json_and_png(tmp_path, capsys, name):
     image = imread(str(tmp_path / f"{name}.png"))
     assert 350 <= image.shape[0] <= 500 and 600 <= image.shape[1] <= 1100 and image.std() > 0.01
     assert "|---|" in capsys.readouterr().out  # the table is printed too
-    if name == "copying":  # its quick shape has the trainability control, read beside the verdict
-        assert "mamba N=4 mimetic against mamba N=4: " in " ".join(saved["notes"])
+    if name == "copying":  # its quick shape has the trainability control: a row of its own, and
+        # no reading of it on a table that 4 steps leave invalid
+        assert [r[1] for r in saved["rows"]] == ["attention hard-ALiBi", "mamba N=4", "mamba N=4 mimetic"]
+        assert "invalid" in saved["notes"][0] and "mimetic" not in " ".join(saved["notes"])
 
 
 def test_workers_caps_how_many_runs_a_study_trains_at_once(tmp_path, capsys):
