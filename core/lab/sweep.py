@@ -225,16 +225,14 @@ def state_space_contenders(states: dict[str, list[int]], hybrid: bool,
     of ``mimetic`` started as linear attention (``mimetic: true``, Trockman et al., 2024; family
     "<family> mimetic", outside the verdict); and optionally the hybrid: Mamba-2 (N = 16) with
     attention in every fourth layer."""
+    shape = {"mamba": "expand: 2", "mamba2": "head_dim: 16, expand: 2"}
     found = []
-    spec = {"mamba": "{{kind: mamba, state: {state}, expand: 2{extra}}}",
-            "mamba2": "{{kind: mamba2, state: {state}, head_dim: 16, expand: 2{extra}}}"}
     for family in ("mamba", "mamba2"):
-        for state, extra in [*((s, "") for s in states.get(family, [])),
-                             *((s, ", mimetic: true") for s in (mimetic or {}).get(family, []))]:
-            suffix = " mimetic" if extra else ""
-            found.append(Contender(f"{family} N={state}{suffix}", family + suffix, state,
-                                   ("model.mixer=" + spec[family].format(state=state, extra=extra),
-                                    "model.position=none")))
+        for state, start in [*((s, "") for s in states.get(family, [])),
+                             *((s, " mimetic") for s in (mimetic or {}).get(family, []))]:
+            mixer = f"{{kind: {family}, state: {state}, {shape[family]}{', mimetic: true' if start else ''}}}"
+            found.append(Contender(f"{family} N={state}{start}", family + start, state,
+                                   (f"model.mixer={mixer}", "model.position=none")))
     if hybrid:
         found.append(Contender("hybrid 1:4", "hybrid", 16,
                                ("model.mixer={kind: mamba2, state: 16, head_dim: 16, expand: 2}",

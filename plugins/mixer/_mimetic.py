@@ -5,12 +5,12 @@ Unrolled, a selective SSM computes y_t = Σ_{s≤t} (C_t · B_s) · exp(Σ_{s<r�
 "attention map" C_t · B_s times a decay. A freshly initialised layer has independent B and C
 projections and decays fast, so its map is noise that fades within a few tokens, and it must learn
 both to keep the past and to match a query with its key before recall or copying pays at all. The
-mimetic start removes the two obstacles the paper names:
+mimetic start removes both obstacles, as we read the paper:
 - no decay to speak of: A = −A_MIMETIC in every entry, so at the largest initial Δ (0.1) a token
   still weighs exp(−0.001·t) after t steps (0.6 at t = 512) instead of vanishing;
 - queries that match keys: C's projection starts as a copy of B's, so C_t · B_s = f(x_t) · f(x_s),
-  a similarity of the two tokens' inputs that is largest when they agree, as in linear attention
-  with shared query and key maps.
+  a similarity of the two tokens' inputs (for inputs of one size, largest when they agree), as in
+  linear attention with shared query and key maps.
 Everything is trained from there; only the starting point differs.
 """
 from __future__ import annotations
