@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import seqzoo
+from seqzoo import reference
 from seqzoo.cli import main
 from seqzoo.lab.experiments import EXPERIMENTS, ExperimentResult, _scores, gradient_by_distance
 
@@ -76,14 +77,11 @@ def test_gradient_by_distance_follows_the_chain_rule_for_a_tanh_rnn():
     x = torch.randn(batch, steps, 3, generator=generator, dtype=torch.float64).float()
     u = torch.nn.functional.normalize(torch.randn(5, generator=generator, dtype=torch.float64), dim=0).float()
     with torch.no_grad():
-        h, hs = torch.zeros(batch, 5), []
-        for t in range(steps):
-            h = torch.tanh(x[:, t] @ cell.weight_ih.T + cell.bias_ih + h @ cell.weight_hh.T + cell.bias_hh)
-            hs.append(h)
+        hs, _ = reference.rnn(x, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)  # h_1..h_T (B, T, H)
         grad, expected = u.expand(batch, 5), []
         for t in reversed(range(steps)):
             expected.append(grad.norm(dim=-1).mean())
-            grad = ((1 - hs[t] ** 2) * grad) @ cell.weight_hh
+            grad = ((1 - hs[:, t] ** 2) * grad) @ cell.weight_hh
     torch.testing.assert_close(norms, torch.stack(expected), rtol=1e-5, atol=1e-7)
 
 

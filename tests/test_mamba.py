@@ -1,5 +1,6 @@
-"""Mamba's selective scan against the recurrence it unrolls, step by step in float64; the chunk
-length rule; and the mixer's scan and decode step against each other."""
+"""Mamba's selective scan, Mamba-2's SSD and linear attention against the recurrences they unroll
+(``seqzoo.reference``, step by step in float64); the chunk length rule; and the mixers' scans and
+decode steps against each other."""
 from __future__ import annotations
 
 import sys
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import seqzoo
+from seqzoo import reference
 from seqzoo.plugins.mixer._selective_scan import (
     LOG_DECAY_LIMIT,
     chunk_length,
@@ -17,15 +19,6 @@ from seqzoo.plugins.mixer._selective_scan import (
     selective_step,
 )
 from seqzoo.plugins.mixer._ssd import ssd_scan, ssd_step
-
-
-def sequential(u, dt, A, B, C, h):
-    """h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t, y_t = h_t C_t, one step at a time."""
-    ys = []
-    for t in range(u.shape[1]):
-        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * u[:, t])[..., None] * B[:, t, None]
-        ys.append(torch.einsum("bdn,bn->bd", h, C[:, t]))
-    return torch.stack(ys, 1), h
 
 
 def inputs(scale: float, length: int = 70, dtype=torch.float64):
@@ -41,7 +34,7 @@ def inputs(scale: float, length: int = 70, dtype=torch.float64):
 @pytest.mark.parametrize("scale", [0.01, 1.0, 20.0])  # slow decay (long chunks) to steep (chunks of 1)
 def test_chunked_scan_equals_the_sequential_recurrence_in_float64(scale):
     u, dt, A, B, C, h = inputs(scale)
-    expected, final = sequential(u, dt, A, B, C, h)
+    expected, final = reference.selective_scan(u, dt, A, B, C, h)
     for chunk in (1, 8, 64):
         y, last = chunked_scan(u, dt, A, B, C, h, chunk=chunk)
         assert (y - expected).abs().max() < 1e-9 * expected.abs().max()
@@ -50,7 +43,7 @@ def test_chunked_scan_equals_the_sequential_recurrence_in_float64(scale):
 
 def test_chunked_scan_in_float32_stays_close_to_float64():
     u, dt, A, B, C, h = inputs(1.0, length=200)
-    expected, _ = sequential(u, dt, A, B, C, h)
+    expected, _ = reference.selective_scan(u, dt, A, B, C, h)
     y, _ = chunked_scan(*(t.float() for t in (u, dt, A, B, C, h)))
     assert ((y.double() - expected).abs().max() / expected.abs().max()) < 1e-5
 
@@ -78,7 +71,7 @@ def test_float32_gradients_of_the_scan_match_the_float64_recurrence(scale):
         ((y * weights.to(dtype)).sum() + last.sum()).backward()
         return [leaf.grad.double() for leaf in leaves]
 
-    expected = grads(sequential, torch.float64)
+    expected = grads(reference.selective_scan, torch.float64)
     got = grads(chunked_scan, torch.float32)
     assert chunk_length(dt, A, 64) < 64 or scale == 0.01
     for name, g, e in zip("u dt A B C h".split(), got, expected):
@@ -120,7 +113,7 @@ def test_bcdt_norm_divides_delta_b_and_c_by_their_rms_in_the_scan_and_the_decode
     u, z = mixer.in_proj(x).chunk(2, -1)
     u = F.silu(mixer.conv1d(F.pad(u.transpose(1, 2), (2, 0))).transpose(1, 2))
     dt, B, C = (t / (t.pow(2).mean(-1, keepdim=True) + 0.05).sqrt() for t in mixer.x_proj(u).split([3, 4, 4], -1))
-    y, _ = sequential(u, F.softplus(mixer.dt_proj(dt)), -torch.exp(mixer.A_log), B, C, torch.zeros(2, 16, 4).double())
+    y, _ = reference.selective_scan(u, F.softplus(mixer.dt_proj(dt)), -torch.exp(mixer.A_log), B, C)
     expected = mixer.out_proj((y + u * mixer.D) * F.silu(z))
     t = torch.arange(11)[None]
     context = seqzoo.interfaces.MixerContext(position=None, q_pos=t, k_pos=t, mask=None, causal=True, prepared={})
@@ -135,17 +128,6 @@ def test_bcdt_norm_divides_delta_b_and_c_by_their_rms_in_the_scan_and_the_decode
 
 
 # -- Mamba-2's SSD --------------------------------------------------------------------------------
-def ssd_sequential(x, dt, a, B, C, h):
-    """The SSD recurrence one token at a time: head h reads group h // (H / G)."""
-    reps = x.shape[2] // B.shape[2]
-    Bh, Ch = B.repeat_interleave(reps, 2), C.repeat_interleave(reps, 2)
-    ys = []
-    for t in range(x.shape[1]):
-        h = torch.exp(dt[:, t] * a)[..., None, None] * h + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None]
-        ys.append(torch.einsum("bhpn,bhn->bhp", h, Ch[:, t]))
-    return torch.stack(ys, 1), h
-
-
 def ssd_inputs(scale: float, length: int = 50):
     g = torch.Generator().manual_seed(2)
     b, heads, width, groups, n = 2, 6, 3, 2, 4
@@ -160,7 +142,7 @@ def ssd_inputs(scale: float, length: int = 50):
 @pytest.mark.parametrize("scale", [0.01, 1.0, 50.0])  # decays from negligible to e^-400 per step
 def test_ssd_equals_the_sequential_recurrence_in_float64(scale):
     x, dt, a, B, C, h = ssd_inputs(scale)
-    expected, final = ssd_sequential(x, dt, a, B, C, h)
+    expected, final = reference.ssd(x, dt, a, B, C, h)
     for chunk in (1, 7, 64):
         y, last = ssd_scan(x, dt, a, B, C, h, chunk=chunk)
         assert torch.isfinite(y).all()
@@ -188,30 +170,22 @@ def test_mamba2_gated_norm_normalises_each_group():
 
 # -- linear attention -----------------------------------------------------------------------------
 @pytest.mark.parametrize("feature_map,decay", [("elu", None), ("elu", "retnet"), ("identity", "retnet")])
-def test_linear_attention_equals_its_quadratic_form(feature_map, decay):
-    """y_t = Σ_{s≤t} γ^(t−s) (φ(q_t)·φ(k_s)) v_s, divided by the same sum without v for elu."""
+def test_linear_attention_equals_its_recurrence(feature_map, decay):
+    """S_t = γ S_{t−1} + φ(k_t) v_tᵀ, y_t = S_tᵀ φ(q_t), divided by z_tᵀ φ(q_t) for elu, in chunks
+    of 5 over 13 tokens (tests/test_reference.py checks the recurrence against its quadratic form)."""
     spec = {"kind": "linear_attention", "heads": 3, "feature_map": feature_map, "decay": decay, "chunk": 5}
     mixer = seqzoo.registry().create("mixer", spec, 12).double()
     x = torch.randn(2, 13, 12, dtype=torch.float64)
     q, k, v = mixer.qkv_proj(x).unflatten(-1, (3, 3, 4)).unbind(2)  # (B, T, H, D)
-    phi = (lambda t: F.elu(t) + 1) if feature_map == "elu" else (lambda t: t)
-    scores = torch.einsum("bthd,bshd->bhts", phi(q), phi(k))
-    if feature_map == "identity":
-        scores = scores / 2.0  # q · D^-1/2, D = 4
-    t = torch.arange(13, dtype=torch.float64)
-    gamma = torch.exp(mixer.log_decay.double())[:, None, None]
-    weights = (gamma ** (t[:, None] - t[None]).clamp(min=0)) * (t[:, None] >= t[None])
-    scores = scores * weights
-    y = torch.einsum("bhts,bshd->bthd", scores, v)
-    if feature_map == "elu":
-        y = y / scores.sum(-1).transpose(1, 2)[..., None]
+    gamma = torch.exp(mixer.log_decay.double())
+    y, _ = reference.linear_attention(q, k, v, gamma, feature_map=feature_map)  # identity: q · D^-1/2
     expected = mixer.out_proj(y.flatten(2))
-    context = seqzoo.interfaces.MixerContext(position=None, q_pos=t[None], k_pos=t[None], mask=None, causal=True,
-                                            prepared={})
+    t = torch.arange(13)[None]
+    context = seqzoo.interfaces.MixerContext(position=None, q_pos=t, k_pos=t, mask=None, causal=True, prepared={})
     assert torch.allclose(mixer(x, context), expected, atol=1e-10)
     if decay == "retnet":
         expected_gamma = torch.tensor([1 - 2 ** -5, 1 - 2 ** -6, 1 - 2 ** -7], dtype=torch.float64)
-        assert torch.allclose(gamma.flatten(), expected_gamma)
+        assert torch.allclose(gamma, expected_gamma)
 
 
 # -- whole models: the recipes built on these mixers ---------------------------------------------
@@ -255,9 +229,9 @@ def test_beam_search_reorders_the_states(recipe):
 def test_a_mamba_layer_has_no_feed_forward_sublayer_and_the_hybrid_keeps_both_states():
     mamba = seqzoo.build("tiny-mamba", device="cpu")
     block = mamba.decoder.blocks[0]
-    assert block.ffn is None and block.ffn_norm is None and block.attn_norm is not None
+    assert block.ffn is None and block.ffn_norm is None and block.mixer_norm is not None
     hybrid = seqzoo.build("tiny-hybrid", device="cpu")
-    kinds = [type(b.attn).__name__ for b in hybrid.decoder.blocks]
+    kinds = [type(b.mixer).__name__ for b in hybrid.decoder.blocks]
     assert kinds == ["Mamba2", "Mamba2", "Mamba2", "AttentionMixer"] * 2
     cache = hybrid.new_cache(1, 16)
     assert [type(s).__name__ for s in cache.states[:4]] == ["MambaState"] * 3 + ["KVSlice"]
@@ -312,7 +286,10 @@ def test_segments_bound_the_memory_of_a_long_forward_without_autograd(monkeypatc
 
 # The fused CPU kernel (numba, the `fast` extra): equal to the float64 recurrence and to the chunked
 # path, forward and every gradient, at widths and lengths that are not multiples of its blocks.
-fused = pytest.importorskip("seqzoo.plugins.mixer._fused_scan", reason="numba is not installed")
+@pytest.fixture
+def fused():
+    """The fused kernel's module: its tests skip without numba, the rest of this file runs."""
+    return pytest.importorskip("seqzoo.plugins.mixer._fused_scan", reason="numba is not installed")
 
 
 def leaves(tensors, dtype):
@@ -321,7 +298,7 @@ def leaves(tensors, dtype):
 
 @pytest.mark.parametrize("scale", [0.01, 1.0, 20.0])  # slow decay to steep (e^−88 and below: exp's floor)
 @pytest.mark.parametrize("length", [1, 63, 130])      # around the kernel's stretch of 64 saved states
-def test_fused_scan_and_its_gradients_equal_the_float64_recurrence(scale, length):
+def test_fused_scan_and_its_gradients_equal_the_float64_recurrence(scale, length, fused):
     u, dt, A, B, C, h = inputs(scale, length=length)
     u, dt, B, C = (torch.cat([t] * 7, -1) if t.shape[-1] == 6 else t for t in (u, dt, B, C))  # 42 channels
     A, h = torch.cat([A] * 7, 0), torch.cat([h] * 7, 1)
@@ -329,7 +306,7 @@ def test_fused_scan_and_its_gradients_equal_the_float64_recurrence(scale, length
     weights, weights_last = (torch.randn(*shape, dtype=torch.float64, generator=g)
                              for shape in (u.shape, h.shape))
     expected_in, got_in = leaves((u, dt, A, B, C, h), torch.float64), leaves((u, dt, A, B, C, h), torch.float32)
-    expected, expected_last = sequential(*expected_in)
+    expected, expected_last = reference.selective_scan(*expected_in)
     got, got_last = fused.selective_scan(*got_in)
     assert got.dtype == got_last.dtype == torch.float32
     assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
@@ -341,7 +318,7 @@ def test_fused_scan_and_its_gradients_equal_the_float64_recurrence(scale, length
         assert (f.grad.double() - e.grad).abs().max() <= 1e-5 * e.grad.abs().max(), name
 
 
-def test_the_scan_takes_the_fused_kernel_on_the_cpu_and_equals_the_chunked_path(monkeypatch):
+def test_the_scan_takes_the_fused_kernel_on_the_cpu_and_equals_the_chunked_path(monkeypatch, fused):
     u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=100))
     calls, kernel = [], fused.fused_scan
     monkeypatch.setattr(fused, "fused_scan", lambda *a: calls.append(1) or kernel(*a))
@@ -355,22 +332,22 @@ def test_the_scan_takes_the_fused_kernel_on_the_cpu_and_equals_the_chunked_path(
     assert not calls
 
 
-def test_fused_padding_leaves_the_state_exactly_as_it_was():
+def test_fused_padding_leaves_the_state_exactly_as_it_was(fused):
     u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=10))
     dt[:, :4] = 0
     _, after_padding = fused.selective_scan(u[:, :4], dt[:, :4], A, B[:, :4], C[:, :4], h)
     assert torch.equal(after_padding, h)
 
 
-def test_fused_scan_takes_bfloat16_inputs_and_computes_in_float32():
+def test_fused_scan_takes_bfloat16_inputs_and_computes_in_float32(fused):
     tensors = [t.to(torch.bfloat16) for t in inputs(1.0, length=80)]
-    expected, _ = sequential(*(t.double() for t in tensors))
+    expected, _ = reference.selective_scan(*(t.double() for t in tensors))
     got, last = fused.selective_scan(*tensors)
     assert got.dtype == last.dtype == torch.float32
     assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
-def test_fused_scan_is_a_well_formed_custom_op():
+def test_fused_scan_is_a_well_formed_custom_op(fused):
     """torch.library's own checks: the fake (meta) kernel's shapes, the autograd registration, and
     that torch.compile can trace it as one opaque operator."""
     u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=70))
@@ -383,7 +360,7 @@ def test_without_numba_the_scan_says_so_once_and_takes_the_chunked_path(monkeypa
     import seqzoo.plugins.mixer._selective_scan as scan
     monkeypatch.setattr(scan, "_fused", None)
     monkeypatch.setitem(sys.modules, "seqzoo.plugins.mixer._fused_scan", None)  # its import fails
-    monkeypatch.delattr(sys.modules["seqzoo.plugins.mixer"], "_fused_scan")
+    monkeypatch.delattr(sys.modules["seqzoo.plugins.mixer"], "_fused_scan", raising=False)  # absent without numba
     u, dt, A, B, C, h = (t.float() for t in inputs(1.0, length=20))
     y, _ = scan.selective_scan(u, dt, A, B, C, h)
     scan.selective_scan(u, dt, A, B, C, h)

@@ -8,7 +8,8 @@ helpers that check a converted Hugging Face model against transformers.
 
 The project's own contract tests (``tests/contract``) and third-party plugin packages run the same
 checks. A component may set ``example_params`` (a dict) to the recipe parameters the kit should
-use when none are given (e.g. a required ``factor``).
+use when none are given (e.g. a required ``factor``). ``matches_reference`` checks a recurrent
+mixer against its plain recurrence in ``seqzoo.reference``.
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ import torch
 from ..registry import own_doc, registry
 from . import cell, mixer, position, positionwise, rope_scaling, router, score
 from ._shared import Skip
+from .mixer import matches_reference
 
 __all__ = ["CHECKED_KINDS", "CheckResult", "Skip", "check_component", "checks_for", "component_cases",
-           "component_warnings", "example_params", "parametrize_components", "run_check"]
+           "component_warnings", "example_params", "matches_reference", "parametrize_components", "run_check"]
 
 #: kind -> the function that gives a component's named checks, ``(name, params) -> {check: fn}``.
 KIT: dict[str, Callable[[str, dict], dict[str, Callable[[], None]]]] = {
