@@ -646,10 +646,10 @@ def bench_mla(table: Table, s: Shapes, quick: bool) -> None:
     times = {}
     for absorb in (True, False):
         for block in model.decoder.blocks:
-            block.attn.absorb = absorb
+            block.mixer.absorb = absorb
         times[absorb] = statistics.median(decode_ms_per_token(model, context, s.vocab) for _ in range(3))
     for block in model.decoder.blocks:
-        block.attn.absorb = None
+        block.mixer.absorb = None
     table.add(f"MLA decode ms/token, context {context}, absorbed", times[True], {"not absorbed": times[False]})
 
 

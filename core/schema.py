@@ -260,6 +260,10 @@ class Validator:
                 raise SchemaError(path, f"expected a mapping, got {describe(value)}")
             args = typing.get_args(hint)
             item = args[1] if args else Any
+            if args and args[0] is str:
+                # Keys as text: YAML reads ``{0: ...}`` with an int key, a checkpoint's JSON with a
+                # string one, and the two must resolve to the same recipe.
+                value = {_text_key(k, (*path, k)): v for k, v in value.items()}
             return {k: self.value(v, item, (*path, k)) for k, v in value.items()}
         if dataclasses.is_dataclass(hint):
             return self.params(hint, value, path)
@@ -288,6 +292,14 @@ class Validator:
         if isinstance(hint, type) and isinstance(value, hint):
             return value
         raise SchemaError(path, f"expected {describe_hint(hint)}, got {describe(value)}")
+
+
+def _text_key(key: Any, path: Path) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    raise SchemaError(path, f"expected a name or a number as the key, got {describe(key)}")
 
 
 def plain(value: Any) -> Any:

@@ -74,7 +74,7 @@ def test_sliding_window_mask_counts_window_keys_per_row():
 
 def test_mask_with_cache_is_bottom_right_aligned():
     position = seqzoo.registry().create("position", "none", 8, 2, 4, 32)
-    cache = seqzoo.nn.cache.KVCache([], 1, 16)
+    cache = seqzoo.nn.cache.DecodeCache([], 1, 16)
     cache.length = 5
     inputs = self_attention_inputs(position, torch.arange(5, 8)[None], causal=True, cache=cache)
     assert inputs.mask[0, 0].sum(-1).tolist() == [6, 7, 8]
@@ -124,7 +124,7 @@ def test_chunked_prefill_with_cache_equals_full_forward():
 
 def test_cache_overflow_is_a_clear_error(tiny_gpt):
     cache = tiny_gpt.new_cache(1, 4)
-    with pytest.raises(seqzoo.InputError, match=r"KV cache full: 0 cached \+ 5 new tokens > max_len=4"):
+    with pytest.raises(seqzoo.InputError, match=r"decode cache full: 0 cached \+ 5 new tokens > max_len=4"):
         tiny_gpt(torch.zeros(1, 5, dtype=torch.long), cache=cache)
 
 

@@ -110,7 +110,7 @@ def test_attention_softcap_caps_scaled_logits_before_the_mask(window):
     """§14.1: z = c·tanh((q·kᵀ/√D)/c), then the mask, then the softmax; masked keys get weight 0."""
     cap = 0.5
     model = seqzoo.build("tiny-gpt", [f"model.attention.softcap={cap}"], device="cpu").eval()
-    attn = model.decoder.blocks[0].attn
+    attn = model.decoder.blocks[0].mixer
     assert attn.softcap == cap
     with torch.no_grad():
         attn.qkv_proj.weight.mul_(10.0)  # logits of order 10: the cap at 0.5 bites hard
@@ -164,19 +164,19 @@ def test_sandwich_block_normalises_each_sublayer_in_and_out(layer):
     """§14.3: h = x + n₂(Attn(n₁(x))), y = h + n₄(FFN(n₃(h))), plus a final norm."""
     model = seqzoo.build("tiny-gemma2", device="cpu").eval()
     block = model.decoder.blocks[layer]
-    norms = [block.attn_norm, block.attn_out_norm, block.ffn_norm, block.ffn_out_norm]
+    norms = [block.mixer_norm, block.mixer_out_norm, block.ffn_norm, block.ffn_out_norm]
     assert all(isinstance(n, GemmaRMSNorm) for n in norms) and len({id(n) for n in norms}) == 4
     assert isinstance(model.decoder.final_norm, GemmaRMSNorm)
     randomise(*norms)
     t = 12
     x = torch.randn(2, t, 64)
-    inputs = context(model.decoder.position, t, window=block.attn.window)
+    inputs = context(model.decoder.position, t, window=block.mixer.window)
     with torch.no_grad():
         n1, n2, n3, n4 = norms
-        h = x + n2(block.attn(n1(x), inputs))
+        h = x + n2(block.mixer(n1(x), inputs))
         expected = h + n4(block.ffn(n3(h)))
         torch.testing.assert_close(block(x, inputs), expected, atol=1e-5, rtol=1e-5)
-        pre = x + block.attn(n1(x), inputs)
+        pre = x + block.mixer(n1(x), inputs)
         pre = pre + block.ffn(n3(pre))
         assert (pre - expected).abs().max() > 1e-3  # the output norms matter
 
@@ -186,15 +186,15 @@ def test_output_placement_normalises_sublayer_outputs_only():
     """§14.4: h = x + n_a(Attn(x)), y = h + n_f(FFN(h)); no input norms; a final norm."""
     model = seqzoo.build("tiny-olmo2", device="cpu").eval()
     block = model.decoder.blocks[0]
-    assert block.attn_norm is None and block.ffn_norm is None
-    assert block.attn_out_norm is not None and block.ffn_out_norm is not None
+    assert block.mixer_norm is None and block.ffn_norm is None
+    assert block.mixer_out_norm is not None and block.ffn_out_norm is not None
     assert not isinstance(model.decoder.final_norm, nn.Identity)
-    randomise(block.attn_out_norm, block.ffn_out_norm)
+    randomise(block.mixer_out_norm, block.ffn_out_norm)
     t = 6
     x = torch.randn(2, t, 64) * 3
     inputs = context(model.decoder.position, t)
     with torch.no_grad():
-        h = x + block.attn_out_norm(block.attn(x, inputs))
+        h = x + block.mixer_out_norm(block.mixer(x, inputs))
         expected = h + block.ffn_out_norm(block.ffn(h))
         torch.testing.assert_close(block(x, inputs), expected, atol=1e-5, rtol=1e-5)
 
@@ -204,17 +204,17 @@ def test_parallel_residual_reads_the_block_input_with_two_norms():
     """§14.5: y = x + Attn(N₁(x)) + FFN(N₂(x)) (GPT-NeoX)."""
     model = seqzoo.build("tiny-neox", device="cpu").eval()
     block = model.decoder.blocks[0]
-    assert block.residual == "parallel" and block.ffn_norm is not None and block.ffn_norm is not block.attn_norm
-    randomise(block.attn_norm, block.ffn_norm)
+    assert block.residual == "parallel" and block.ffn_norm is not None and block.ffn_norm is not block.mixer_norm
+    randomise(block.mixer_norm, block.ffn_norm)
     with torch.no_grad():
-        block.attn.out_proj.weight.mul_(20.0)  # an attention output large enough to tell the wirings apart
+        block.mixer.out_proj.weight.mul_(20.0)  # an attention output large enough to tell the wirings apart
     t = 6
     x = torch.randn(2, t, 64)
     inputs = context(model.decoder.position, t)
     with torch.no_grad():
-        expected = x + block.attn(block.attn_norm(x), inputs) + block.ffn(block.ffn_norm(x))
+        expected = x + block.mixer(block.mixer_norm(x), inputs) + block.ffn(block.ffn_norm(x))
         torch.testing.assert_close(block(x, inputs), expected, atol=1e-5, rtol=1e-5)
-        h = x + block.attn(block.attn_norm(x), inputs)
+        h = x + block.mixer(block.mixer_norm(x), inputs)
         sequential = h + block.ffn(block.ffn_norm(h))
         assert (sequential - expected).abs().max() > 1e-3
 
@@ -223,15 +223,15 @@ def test_parallel_shared_residual_uses_one_norm():
     """§14.5: GPT-J's parallel block shares one norm: y = x + Attn(N(x)) + FFN(N(x))."""
     model = seqzoo.build("tiny-neox", ["model.residual=parallel_shared"], device="cpu").eval()
     block = model.decoder.blocks[0]
-    assert block.ffn_norm is None and block.attn_norm is not None
-    assert sum(type(m) is type(block.attn_norm) for m in block.modules()) == 1
-    randomise(block.attn_norm)
+    assert block.ffn_norm is None and block.mixer_norm is not None
+    assert sum(type(m) is type(block.mixer_norm) for m in block.modules()) == 1
+    randomise(block.mixer_norm)
     t = 6
     x = torch.randn(2, t, 64)
     inputs = context(model.decoder.position, t)
     with torch.no_grad():
-        n = block.attn_norm(x)
-        expected = x + block.attn(n, inputs) + block.ffn(n)
+        n = block.mixer_norm(x)
+        expected = x + block.mixer(n, inputs) + block.ffn(n)
         torch.testing.assert_close(block(x, inputs), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -318,7 +318,7 @@ def test_embedding_scale_in_float32_is_sqrt_dim():
 def test_attention_sinks_join_the_denominator(layer):
     """§14.6: p_ij = e^{z_ij} / (e^{s_h} + Σ_j e^{z_ij}), the sink neither scaled nor masked."""
     model = seqzoo.build("tiny-sinks", device="cpu").eval()
-    attn = model.decoder.blocks[layer].attn
+    attn = model.decoder.blocks[layer].mixer
     base = model.decoder.position.base
     assert attn.sinks.shape == (4,)
     with torch.no_grad():
@@ -363,7 +363,7 @@ def test_attention_sink_probabilities_and_fully_masked_rows():
 def test_attention_sinks_with_a_query_that_sees_no_key():
     """§14.6: with key padding hiding query 0's only key, its attention output is 0 (no NaN)."""
     model = seqzoo.build("tiny-sinks", device="cpu").eval()
-    attn = model.decoder.blocks[1].attn
+    attn = model.decoder.blocks[1].mixer
     with torch.no_grad():
         attn.sinks.normal_()
         t = 6
@@ -383,7 +383,7 @@ def test_attention_sinks_with_a_query_that_sees_no_key():
 def test_qk_norm_over_the_whole_projection():
     """§14.4: q = N_q(W_q x) over all H·D features (k over K·D), then heads, then RoPE."""
     model = seqzoo.build("tiny-olmo2", device="cpu").eval()
-    attn = model.decoder.blocks[0].attn
+    attn = model.decoder.blocks[0].mixer
     assert attn.qk_norm_scope == "projection"
     assert attn.q_norm.weight.numel() == 4 * 16 and attn.k_norm.weight.numel() == 2 * 16
     randomise(attn.q_norm, attn.k_norm)
@@ -400,7 +400,7 @@ def test_qk_norm_over_the_whole_projection():
 
         # Per head (Qwen3): another function of the same projection weights.
         per_head = seqzoo.build("tiny-olmo2", ["model.attention.qk_norm_scope=head"], device="cpu").eval()
-        other = per_head.decoder.blocks[0].attn
+        other = per_head.decoder.blocks[0].mixer
         assert other.q_norm.weight.numel() == 16 and other.k_norm.weight.numel() == 16
         for name in ("qkv_proj", "out_proj"):
             getattr(other, name).load_state_dict(getattr(attn, name).state_dict())
@@ -428,7 +428,7 @@ def test_gemma3_local_and_global_layers_have_their_own_rope_base():
     assert all(stack.schemes[stack.layer_scheme[i]] is local for i in range(5)) and local is not global_
     assert local.base == 1e4 and global_.base == 1e6
     assert local.scaling is None and global_.scaling is None
-    assert [b.attn.window for b in stack.blocks] == [8] * 5 + [None]
+    assert [b.mixer.window for b in stack.blocks] == [8] * 5 + [None]
     # The stack hands each layer a context of its own scheme.
     calls = {}
     for i, block in enumerate(stack.blocks):
@@ -443,7 +443,7 @@ def test_gemma3_local_and_global_layers_have_their_own_rope_base():
     x = torch.randn(1, t, 64)
     pos = torch.arange(offset, offset + t)
     for layer, scheme, base, wrong in ((0, local, 1e4, 1e6), (5, global_, 1e6, 1e4)):
-        attn = stack.blocks[layer].attn
+        attn = stack.blocks[layer].mixer
         randomise(attn.q_norm, attn.k_norm)
         qn = lambda q, attn=attn: rms(q, 1e-6) * (1 + attn.q_norm.weight)  # noqa: E731
         kn = lambda k, attn=attn: rms(k, 1e-6) * (1 + attn.k_norm.weight)  # noqa: E731
@@ -469,14 +469,14 @@ def test_smollm3_every_fourth_layer_has_no_position_encoding():
     # RoPE is relative (a uniform shift changes nothing): spread the positions out instead.
     with torch.no_grad():
         for layer, moves in ((3, False), (0, True)):
-            attn, scheme = stack.blocks[layer].attn, stack.schemes[stack.layer_scheme[layer]]
+            attn, scheme = stack.blocks[layer].mixer, stack.schemes[stack.layer_scheme[layer]]
             here = attn(x, context(scheme, t))
             there = attn(x, self_attention_inputs(scheme, (torch.arange(t) * 7 + 3)[None], causal=True))
             if moves:
                 assert (here - there).abs().max() > 1e-4
             else:
                 torch.testing.assert_close(here, there, atol=1e-6, rtol=0)
-        nope_attn = stack.blocks[3].attn
+        nope_attn = stack.blocks[3].mixer
         expected, _ = reference_attention(nope_attn, x, allowed(t))
         torch.testing.assert_close(nope_attn(x, context(nope, t)), expected, atol=1e-5, rtol=1e-5)
 
@@ -551,19 +551,19 @@ def _plain_formula(placement, residual, block, x):
     m = lambda z: z.cumsum(1) / torch.arange(1, z.shape[1] + 1)[None, :, None]  # noqa: E731
     f = block.ffn
     if residual == "parallel":
-        return x + m(block.attn_norm(x)) + f(block.ffn_norm(x))
+        return x + m(block.mixer_norm(x)) + f(block.ffn_norm(x))
     if residual == "parallel_shared":
-        return x + m(block.attn_norm(x)) + f(block.attn_norm(x))
+        return x + m(block.mixer_norm(x)) + f(block.mixer_norm(x))
     if placement == "pre":
-        h = x + m(block.attn_norm(x))
+        h = x + m(block.mixer_norm(x))
         return h + f(block.ffn_norm(h))
     if placement == "post":
-        h = block.attn_norm(x + m(x))
+        h = block.mixer_norm(x + m(x))
         return block.ffn_norm(h + f(h))
     if placement == "sandwich":
-        h = x + block.attn_out_norm(m(block.attn_norm(x)))
+        h = x + block.mixer_out_norm(m(block.mixer_norm(x)))
         return h + block.ffn_out_norm(f(block.ffn_norm(h)))
-    h = x + block.attn_out_norm(m(x))  # output
+    h = x + block.mixer_out_norm(m(x))  # output
     return h + block.ffn_out_norm(f(h))
 
 
@@ -586,9 +586,10 @@ def test_block_takes_plain_modules(placement, residual):
                                    atol=1e-5, rtol=1e-5)
 
 
-def test_stack_of_plain_blocks_and_a_refused_combination():
-    """A TransformerStack over plain blocks is their composition (then the final norm); parallel
-    residuals refuse a non-pre placement (§14.5)."""
+def test_stack_of_plain_blocks_is_their_composition():
+    """A TransformerStack over plain blocks is their composition (then the final norm). (Which
+    placements a parallel residual takes is a recipe rule, checked once where recipes are validated:
+    test_parallel_residual_with_another_placement_is_a_recipe_error.)"""
     c, t = 8, 5
     blocks = [TransformerBlock(CumulativeMean(c), nn.Linear(c, c), lambda: nn.LayerNorm(c)) for _ in range(2)]
     final = nn.LayerNorm(c)
@@ -600,6 +601,3 @@ def test_stack_of_plain_blocks_and_a_refused_combination():
         for block in blocks:
             expected = _plain_formula("pre", "sequential", block, expected)
         torch.testing.assert_close(stack(x), final(expected), atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="placement='post'"):
-        TransformerBlock(CumulativeMean(c), nn.Linear(c, c), lambda: nn.LayerNorm(c),
-                         placement="post", residual="parallel")

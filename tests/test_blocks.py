@@ -13,7 +13,7 @@ from seqzoo.testing._shared import kv_cache_equivalence as _kv_cache_equivalence
 def test_qk_norm_normalises_each_head_before_the_position_hook():
     model = seqzoo.build("tiny-gpt", ["model.attention.qk_norm={kind: rmsnorm, eps: 1.0e-6}",
                                       "model.position=rope"], device="cpu").eval()
-    attn = model.decoder.blocks[0].attn
+    attn = model.decoder.blocks[0].mixer
     assert attn.q_norm.weight.shape == (16,) and attn.k_norm.weight.shape == (16,)
     with torch.no_grad():
         attn.q_norm.weight.normal_()
@@ -55,12 +55,12 @@ def test_pre_norm_block_matches_its_formula():
     x = torch.randn(2, 6, 64)
     inputs = self_attention_inputs(model.decoder.position, torch.arange(6)[None], causal=True)
     with torch.no_grad():
-        h = x + block.attn(block.attn_norm(x), inputs)
+        h = x + block.mixer(block.mixer_norm(x), inputs)
         torch.testing.assert_close(block(x, inputs), h + block.ffn(block.ffn_norm(h)))
 
 
 def test_out_bias_overrides_the_output_projection_bias():
     model = seqzoo.build("tiny-llama", ["model.attention.bias=true", "model.attention.out_bias=false"],
                          device="meta")
-    attn = model.decoder.blocks[0].attn
+    attn = model.decoder.blocks[0].mixer
     assert attn.qkv_proj.bias is not None and attn.out_proj.bias is None

@@ -98,10 +98,10 @@ def test_files_carry_what_llama_cpp_reads(tmp_path):
     source = GGUFFile(path)
     assert "output.weight" not in source.tensors  # llama.cpp's gemma2 loads no output head
     model = shipped("tiny-gemma2")  # norms are stored as 1 + w
-    assert torch.equal(source.tensor("blk.0.attn_norm.weight"), model.decoder.blocks[0].attn_norm.weight + 1)
+    assert torch.equal(source.tensor("blk.0.attn_norm.weight"), model.decoder.blocks[0].mixer_norm.weight + 1)
     path = to_gguf(shipped("tiny-mamba"), tmp_path / "mamba.gguf")
     assert meta(path, "mamba", "ssm.state_size") == 16 and meta(path, "mamba", "ssm.conv_kernel") == 4
-    a_log = shipped("tiny-mamba").state_dict()["decoder.blocks.0.attn.A_log"]
+    a_log = shipped("tiny-mamba").state_dict()["decoder.blocks.0.mixer.A_log"]
     assert torch.allclose(GGUFFile(path).tensor("blk.0.ssm_a"), -torch.exp(a_log))
     path = to_gguf(shipped("tiny-moe"), tmp_path / "moe.gguf")
     assert meta(path, "llama", "expert_count") == 4 and meta(path, "llama", "expert_used_count") == 2

@@ -216,7 +216,7 @@ def test_converter_whose_rules_miss_a_tensor_is_reported(tmp_path):
 
     with pytest.raises(seqzoo.CheckpointError,
                        match=r"converter 'broken' does not match the model it built: no rule fills "
-                             r"decoder\.blocks\.0\.attn\.out_proj\.bias, .* and 46 more"):
+                             r"decoder\.blocks\.0\.ffn\.down\.bias, .* and 46 more"):
         Broken().to_hf(seqzoo.build("tiny-gpt", device="cpu"))
 
 

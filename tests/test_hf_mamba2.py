@@ -165,7 +165,7 @@ def test_mamba2_recipe_reads_the_mixer_options(imported):
 def test_mamba2_gated_norm_groups_as_transformers_does(imported):
     hf, model, _ = imported("mamba2-groups")
     assert hf.backbone.layers[0].mixer.norm.group_size == 32  # intermediate 64 / 2 groups
-    mixer = model.decoder.blocks[0].attn
+    mixer = model.decoder.blocks[0].mixer
     y, z = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
     assert torch.allclose(mixer.norm(y, z), hf.backbone.layers[0].mixer.norm(y, z), atol=1e-6)
 

@@ -121,16 +121,16 @@ def test_modernbert_recipe_reads_as_intended(tmp_path):
     m = pair.model.recipe["model"]
     assert m["pattern"] == ["global", "local", "local"]
     assert m["layer_types"] == {"global": {}, "local": {"attention": {"window": 65}, "position": {"base": 10000.0}}}
-    assert m["position"]["base"] == 160000.0 and m["layer_overrides"] == {"0": {"attn_norm": False}}
+    assert m["position"]["base"] == 160000.0 and m["layer_overrides"] == {"0": {"mixer_norm": False}}
     plans = layer_plan(m)
     assert [p.attention.window for p in plans] == [None, 65, 65, None, 65, 65]  # |i − j| ≤ 64
     assert [p.position["base"] for p in plans] == [160000.0, 10000.0, 10000.0] * 2
-    assert [p.attn_norm for p in plans] == [False] + [True] * 5
+    assert [p.mixer_norm for p in plans] == [False] + [True] * 5
     blocks = pair.model.encoder.blocks
-    assert blocks[0].attn_norm is None and blocks[1].attn_norm is not None
+    assert blocks[0].mixer_norm is None and blocks[1].mixer_norm is not None
     assert m["type_vocab_size"] == 0 and not m["pooler"] and m["embed_norm"] == m["norm"]
     assert m["ffn"]["kind"] == "geglu" and m["ffn"]["approximate"] == "none" and not m["ffn"]["bias"]
-    assert describe_layout(m).startswith("layers 0 global (attn_norm False) · 1-2 local (window 65, rope 10000)")
+    assert describe_layout(m).startswith("layers 0 global (mixer_norm False) · 1-2 local (window 65, rope 10000)")
 
 
 def test_modernbert_encoder_window_is_symmetric():
@@ -227,11 +227,11 @@ def test_modernbert_stored_decoder_copy_must_equal_the_embedding(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["tiny-bert", "tiny-neox", "tiny-gemma2"])  # post, parallel, sandwich
-def test_attn_norm_false_drops_only_the_norm_before_the_mixer(recipe):
-    """The per-layer ``attn_norm: false`` that ModernBERT's layer 0 needs works in every placement."""
-    model = seqzoo.build(recipe, ["model.layer_overrides={0: {attn_norm: false}}"], device="cpu").eval()
+def test_mixer_norm_false_drops_only_the_norm_before_the_mixer(recipe):
+    """The per-layer ``mixer_norm: false`` that ModernBERT's layer 0 needs works in every placement."""
+    model = seqzoo.build(recipe, ["model.layer_overrides={0: {mixer_norm: false}}"], device="cpu").eval()
     blocks = next(m for m in model.modules() if hasattr(m, "blocks")).blocks
-    assert blocks[0].attn_norm is None and blocks[1].attn_norm is not None
+    assert blocks[0].mixer_norm is None and blocks[1].mixer_norm is not None
     assert blocks[0].ffn_norm is not None or blocks[0].residual == "parallel_shared"
     with torch.no_grad():
         assert torch.isfinite(model(torch.randint(3, 200, (2, 10)))).all()

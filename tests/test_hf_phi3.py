@@ -96,7 +96,7 @@ def test_phi3_recipe_splits_the_fused_projections_and_names_the_scaling(imported
     block, layer = model.decoder.blocks[1], hf.model.layers[1]
     gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
     assert torch.equal(block.ffn.gate.weight, gate) and torch.equal(block.ffn.up.weight, up)
-    assert torch.equal(block.attn.qkv_proj.weight, layer.self_attn.qkv_proj.weight)
+    assert torch.equal(block.mixer.qkv_proj.weight, layer.self_attn.qkv_proj.weight)
 
 
 def test_cached_generate_re_encodes_once_when_the_sequence_passes_l(imported, monkeypatch):

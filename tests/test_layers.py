@@ -94,7 +94,7 @@ def test_a_pattern_that_does_not_divide_the_layers_cuts_its_last_period_short():
 def test_recurrent_mixer_layers_run_any_registered_cell():
     for cell in ("gru", "lstm", "rnn"):
         model = seqzoo.build("tiny-gru-mixer", [f"model.mixer.cell={cell}"], device="cpu").eval()
-        assert type(model.decoder.blocks[0].attn.cell).__name__.lower() == cell
+        assert type(model.decoder.blocks[0].mixer.cell).__name__.lower() == cell
         ids = torch.randint(0, 256, (2, 7))
         assert torch.equal(seqzoo.generate(model, ids, 6, eos_id=None),
                            seqzoo.generate(model, ids, 6, eos_id=None, use_cache=False))
@@ -116,7 +116,7 @@ def test_hybrid_stack_mixes_attention_and_recurrent_layers():
     model = seqzoo.build("tiny-gpt", [
         "model.layer_types={attn: {}, gru: {mixer: {kind: recurrent, cell: gru}}}",
         "model.pattern=[gru, attn]"], device="cpu").eval()
-    kinds = [type(b.attn).__name__ for b in model.decoder.blocks]
+    kinds = [type(b.mixer).__name__ for b in model.decoder.blocks]
     assert kinds == ["RecurrentMixer", "AttentionMixer"] * 2
     cache = model.new_cache(1, 8)
     assert [type(s).__name__ for s in cache.states] == ["CellState", "KVSlice"] * 2

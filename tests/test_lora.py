@@ -57,11 +57,11 @@ def test_lora_trains_the_adapters_and_the_checkpoint_holds_merged_weights(tmp_pa
     with safe_open(str(adapter), "pt") as f:
         keys = list(f.keys())
         meta = json.loads(f.metadata()["seqzoo.lora"])
-        a, b = f.get_tensor("decoder.blocks.1.attn.qkv_proj.lora_A.weight"), f.get_tensor(
-            "decoder.blocks.1.attn.qkv_proj.lora_B.weight")
+        a, b = f.get_tensor("decoder.blocks.1.mixer.qkv_proj.lora_A.weight"), f.get_tensor(
+            "decoder.blocks.1.mixer.qkv_proj.lora_B.weight")
     assert meta["rank"] == 4 and len(keys) == 2 * 2 * len(seqzoo.load(base).decoder.blocks)
     # the merged weight is the base weight plus (alpha / r) · B A
-    name = "decoder.blocks.1.attn.qkv_proj.weight"
+    name = "decoder.blocks.1.mixer.qkv_proj.weight"
     assert torch.allclose(after[name], before[name] + (8 / 4) * b @ a, atol=1e-6)
 
 

@@ -75,7 +75,7 @@ def test_absorbed_attention_equals_the_plain_one_in_the_forward_and_in_decoding(
         torch.testing.assert_close(absorbed(x, context), full, atol=1e-5, rtol=1e-5)
         for m in (plain, absorbed, mixer(q_lora_rank=q_lora_rank, latent_norm=latent_norm)):  # default: absorbs
             m.load_state_dict(plain.state_dict())
-            cache = seqzoo.nn.cache.KVCache([m.new_state(2, 9)], 2, 9)
+            cache = seqzoo.nn.cache.DecodeCache([m.new_state(2, 9)], 2, 9)
             steps = []
             for start, end in [(0, 4), *((i, i + 1) for i in range(4, 9))]:
                 pos = torch.arange(start, end)[None]

@@ -59,7 +59,7 @@ def test_build_unknown_device_is_a_clear_error():
 
 def test_residual_projections_get_the_depth_scaled_init():
     model = seqzoo.build("tiny-gpt", ["model.layers=8", "model.dim=128"], device="cpu")
-    out_std = model.decoder.blocks[0].attn.out_proj.weight.std().item()
-    qkv_std = model.decoder.blocks[0].attn.qkv_proj.weight.std().item()
+    out_std = model.decoder.blocks[0].mixer.out_proj.weight.std().item()
+    qkv_std = model.decoder.blocks[0].mixer.qkv_proj.weight.std().item()
     assert qkv_std == pytest.approx(0.02, rel=0.05)
     assert out_std == pytest.approx(0.02 / 4, rel=0.05)  # 0.02 / √(2·8)

@@ -115,13 +115,13 @@ def test_recorded_attention_of_layer_0_matches_a_hand_computation(tiny_gpt):
         tiny_gpt(ids)
         block, stack = tiny_gpt.decoder.blocks[0], tiny_gpt.decoder
         x = tiny_gpt.embed(ids) + stack.position.table.weight[:5]
-        q, k, _ = block.attn.qkv_proj(block.attn_norm(x)).split(64, dim=-1)
+        q, k, _ = block.mixer.qkv_proj(block.mixer_norm(x)).split(64, dim=-1)
         q, k = (t.view(1, 5, 4, 16).transpose(1, 2) for t in (q, k))
         logits = q @ k.transpose(-2, -1) / 4.0
         logits = logits.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
         expected = logits.softmax(-1)
-    assert list(records) == [f"decoder.blocks.{i}.attn" for i in range(4)]
-    torch.testing.assert_close(records["decoder.blocks.0.attn"][0], expected, atol=1e-6, rtol=1e-5)
+    assert list(records) == [f"decoder.blocks.{i}.mixer" for i in range(4)]
+    torch.testing.assert_close(records["decoder.blocks.0.mixer"][0], expected, atol=1e-6, rtol=1e-5)
 
 
 def test_recording_keeps_the_output_and_restores_the_score(tiny_gpt):
@@ -131,8 +131,8 @@ def test_recording_keeps_the_output_and_restores_the_score(tiny_gpt):
         with record_attention(tiny_gpt) as records:
             recorded = tiny_gpt(ids)
     torch.testing.assert_close(recorded, plain, atol=1e-5, rtol=1e-5)
-    assert all("attend" not in vars(block.attn.score) for block in tiny_gpt.decoder.blocks)
-    weights = records["decoder.blocks.3.attn"][0]  # (B, H, T, S)
+    assert all("attend" not in vars(block.mixer.score) for block in tiny_gpt.decoder.blocks)
+    weights = records["decoder.blocks.3.mixer"][0]  # (B, H, T, S)
     assert weights.shape == (2, 4, 7, 7)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 7))
     assert weights.triu(1).abs().max() == 0  # causal: no weight on later keys
@@ -141,7 +141,7 @@ def test_recording_keeps_the_output_and_restores_the_score(tiny_gpt):
 def test_recording_restores_the_score_after_an_error(tiny_gpt):
     with pytest.raises(RuntimeError, match="boom"), record_attention(tiny_gpt):
         raise RuntimeError("boom")
-    assert all("attend" not in vars(block.attn.score) for block in tiny_gpt.decoder.blocks)
+    assert all("attend" not in vars(block.mixer.score) for block in tiny_gpt.decoder.blocks)
 
 
 def test_attention_of_a_decoder_checkpoint_writes_one_row_per_layer(tmp_path):
@@ -303,15 +303,15 @@ def test_recording_twice_at_once_is_refused(tiny_gpt):
     with record_attention(tiny_gpt), pytest.raises(PlotError, match="already being recorded"):
         with record_attention(tiny_gpt):
             pass
-    assert all("attend" not in vars(block.attn.score) for block in tiny_gpt.decoder.blocks)
+    assert all("attend" not in vars(block.mixer.score) for block in tiny_gpt.decoder.blocks)
 
 
 def test_a_score_that_is_not_a_softmax_cannot_be_recorded(tiny_gpt):
-    tiny_gpt.decoder.blocks[2].attn.score.normalization = "sigmoid"
-    with pytest.raises(PlotError, match="decoder.blocks.2.attn: score ScaledDot normalises with sigmoid"):
+    tiny_gpt.decoder.blocks[2].mixer.score.normalization = "sigmoid"
+    with pytest.raises(PlotError, match="decoder.blocks.2.mixer: score ScaledDot normalises with sigmoid"):
         with record_attention(tiny_gpt):
             pass
-    assert all("attend" not in vars(block.attn.score) for block in tiny_gpt.decoder.blocks)
+    assert all("attend" not in vars(block.mixer.score) for block in tiny_gpt.decoder.blocks)
 
 
 def test_plotting_no_attention_panels_is_an_error(tmp_path):

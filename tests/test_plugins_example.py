@@ -122,7 +122,7 @@ CONV_MIXER_GENERATION = textwrap.dedent("""
 
     torch.manual_seed(0)
     model = seqzoo.build(sys.argv[1], device="cpu").eval()
-    mixers = [type(block.attn).__name__ for block in model.decoder.blocks]
+    mixers = [type(block.mixer).__name__ for block in model.decoder.blocks]
     ids = torch.randint(0, 256, (2, 5))
     mask = torch.ones(2, 5, dtype=torch.long)
     mask[1, :2] = 0  # the second prompt is left-padded

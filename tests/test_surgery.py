@@ -57,14 +57,14 @@ def test_growing_the_vocabulary_keeps_every_old_logit(model):
 def test_pooling_kv_heads_averages_each_group_and_reports_its_error(model):
     new, report = edit(model, ["model.attention.kv_heads=1"])
     heads, d = 4, 16
-    old_qkv = model.decoder.blocks[0].attn.qkv_proj.weight
+    old_qkv = model.decoder.blocks[0].mixer.qkv_proj.weight
     q, k, v = old_qkv.split([heads * d, 2 * d, 2 * d])
     expected = torch.cat([q, k.reshape(2, d, -1).mean(0), v.reshape(2, d, -1).mean(0)])
-    assert torch.allclose(new.decoder.blocks[0].attn.qkv_proj.weight, expected)
+    assert torch.allclose(new.decoder.blocks[0].mixer.qkv_proj.weight, expected)
     # the error the rule claims, recomputed: ‖W_kv − the mean expanded back‖ / ‖W_kv‖
     errs = []
     for block in model.decoder.blocks:
-        _, k, v = block.attn.qkv_proj.weight.split([heads * d, 2 * d, 2 * d])
+        _, k, v = block.mixer.qkv_proj.weight.split([heads * d, 2 * d, 2 * d])
         mean_k, mean_v = (t.reshape(2, d, -1).mean(0) for t in (k, v))
         back = torch.cat([mean_k, mean_k, mean_v, mean_v])
         errs.append(((torch.cat([k, v]) - back).pow(2).sum().item(), torch.cat([k, v]).pow(2).sum().item()))
@@ -111,7 +111,7 @@ def sharpened(*overrides):
     m = seqzoo.build("tiny-llama", list(overrides), device="cpu").eval()
     with torch.no_grad():
         for block in m.decoder.blocks:
-            block.attn.qkv_proj.weight.mul_(8)
+            block.mixer.qkv_proj.weight.mul_(8)
     return m
 
 
@@ -120,13 +120,13 @@ def test_mqa_to_latent_attention_is_exact_at_full_rank_with_every_rotated_dim_ke
     # dims become MLA's shared k_pe, the 8 others the nope part; rank 24 = 8 + 16 holds [k_nope; v]
     model = sharpened("model.attention.kv_heads=1", "model.position.rotary_dim=8")
     _, plan = edit(model, [latent(24), "model.position.rotary_dim=null"], dry_run=True)
-    assert plan.tensors["decoder.blocks.1.attn.kv_b_proj.weight"] == "mla" and plan.logit_difference is None
+    assert plan.tensors["decoder.blocks.1.mixer.kv_b_proj.weight"] == "mla" and plan.logit_difference is None
     new, report = edit(model, [latent(24), "model.position.rotary_dim=null"])
     assert report.rules["mla"]["exact"] and report.logit_difference < 1e-5
     assert report.rules["mla"]["errors"]["relative K/V weight error (SVD)"] < 1e-6
-    assert type(new.decoder.blocks[0].attn).__name__ == "LatentAttention"
+    assert type(new.decoder.blocks[0].mixer).__name__ == "LatentAttention"
     untouched_equal(model, new, report)
-    assert report.tensors["decoder.blocks.0.attn.out_proj.weight"] == "copied"
+    assert report.tensors["decoder.blocks.0.mixer.out_proj.weight"] == "copied"
     prompt = torch.randint(3, 259, (1, 5))  # the latent cache decodes what the full forward gives
     assert torch.equal(seqzoo.generate(new, prompt, 12, eos_id=None), seqzoo.generate(model, prompt, 12, eos_id=None))
 
@@ -141,9 +141,9 @@ def test_gqa_to_latent_attention_reports_the_svd_and_rotary_key_errors_it_makes(
     rope, nope = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
     dropped = total = pooled = key = 0.0
     for old_block, new_block in zip(model.decoder.blocks, new.decoder.blocks):
-        q, k, v = old_block.attn.qkv_proj.weight.double().split([64, 32, 32])
+        q, k, v = old_block.mixer.qkv_proj.weight.double().split([64, 32, 32])
         k, v = k.view(2, 16, -1), v.view(2, 16, -1)
-        attn = new_block.attn
+        attn = new_block.mixer
         assert torch.allclose(attn.q_proj.weight.view(4, 16, -1),
                               q.view(4, 16, -1)[:, nope + rope].float())
         # the error claimed, recomputed from the new weights: [k_nope; v] of each K/V group

@@ -291,4 +291,4 @@ def test_weight_decay_spares_norms_biases_and_mambas_a_and_d(name):
     assert not any(n.endswith(("A_log", ".D", "norm.weight", "bias")) for n in decayed_names), decayed_names
     assert any(n.endswith("out_proj.weight") or n.endswith("o_proj.weight") for n in decayed_names)
     if name == "tiny-mamba":
-        assert "decoder.blocks.0.attn.A_log" in spared_names  # (inner, state): a matrix, yet spared
+        assert "decoder.blocks.0.mixer.A_log" in spared_names  # (inner, state): a matrix, yet spared

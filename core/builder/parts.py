@@ -16,12 +16,23 @@ from typing import Any
 
 from torch import nn
 
-from ..interfaces import CORE_ARGS, PositionScheme
+from ..interfaces import PositionScheme
 from ..nn.attention import AttentionConfig
 from ..nn.blocks import TransformerBlock, TransformerStack
 from ..registry import Registry, registry
 from ..schema import Validator
-from .plan import ATTENTION, layer_plan
+from .plan import ATTENTION, layer_plan, recipe_validator
+
+#: The model-section keys a ``TransformerStack`` is built from (``Parts.stack``): the keys every
+#: Transformer-stack model (``decoder_lm``, ``encoder``) takes under the same names.
+STACK_KEYS = ("dim", "layers", "max_seq_len", "attention", "ffn", "position", "norm", "placement", "residual",
+              "mixer", "embed_norm", "dropout", "layer_types", "pattern", "layer_overrides")
+
+
+def stack_section(values: dict) -> dict:
+    """The ``STACK_KEYS`` of ``values`` (a model constructor's ``locals()``: its parameters are the
+    recipe's keys), the section ``Parts.stack`` builds from."""
+    return {key: values[key] for key in STACK_KEYS}
 
 
 class Parts:
@@ -37,7 +48,7 @@ class Parts:
 
     def validator(self) -> Validator:
         """A recipe validator over this builder's components."""
-        return Validator(self.components.resolve, lambda kind: CORE_ARGS.get(kind, ()))
+        return recipe_validator(self.components)
 
     def make(self, kind: str, spec: str | dict, *core_args: Any, **kwargs: Any) -> nn.Module:
         """The registered component a spec names, given its kind's core arguments."""
@@ -62,16 +73,23 @@ class Parts:
         ``position`` (the one that adds to embeddings and bounds the length)."""
         dim, max_seq_len, dropout = model["dim"], model["max_seq_len"], model.get("dropout", 0.0)
         plans = layer_plan({**model, "layers": model[layers_key]}, validator=self.validator())
+        section = model.get("attention")
+        section = asdict(section) if isinstance(section, AttentionConfig) else section
+
+        def dims(mixer: dict) -> tuple[int, int] | None:  # (head_dim, heads) of an attending mixer
+            return self.components.get("mixer", mixer["kind"]).cls.position_dims(mixer, dim)
+
+        # The stack's own scheme (embedding-side, bounding the length) is shaped for the attention:
+        # section, else the first layer that attends; a layer that does not attend (a recurrence
+        # never calls the scheme) shares it. With no attending layer at all, the scheme (none, or
+        # a table) sees one head as wide as the model.
+        own = dims({**ATTENTION, **section}) if section else next(
+            filter(None, (dims(plan.mixer_spec) for plan in plans)), None)
+        own = own or (dim, 1)
         schemes: dict[str, PositionScheme] = {}
         layer_scheme = []
-        # The model's scheme has the heads of its attention: section, or of its first attending layer.
-        heads_of = model["attention"] or next((plan.attention for plan in plans if plan.attention), None)
-        for spec, config, mixer in [(model["position"], heads_of, None),
-                                    *((plan.position, plan.attention, plan.mixer_spec) for plan in plans)]:
-            own = self.components.get("mixer", mixer["kind"]).cls.position_dims(mixer, dim) if mixer else None
-            if config is None:  # no layer attends: the scheme (none, or an absolute table) sees one wide head
-                config = AttentionConfig(heads=1)
-            d, heads = own or (config.head_dim or dim // config.heads, config.heads)
+        for spec, (d, heads) in [(model["position"], own),
+                                 *((plan.position, dims(plan.mixer_spec) or own) for plan in plans)]:
             key = repr((sorted(spec.items()) if isinstance(spec, dict) else spec, d, heads))
             if key not in schemes:
                 schemes[key] = self.make("position", spec, dim, d, heads, max_seq_len)
@@ -82,7 +100,8 @@ class Parts:
             blocks.append(TransformerBlock(
                 self.make("mixer", plan.mixer_spec, dim), ffn, partial(self.make, "norm", plan.norm, dim),
                 placement=plan.placement, residual=plan.residual, dropout=dropout,
-                cross_attn=self.cross_attention(dim, plan.attention) if cross else None, attn_norm=plan.attn_norm))
+                cross_attn=self.cross_attention(dim, plan.attention) if cross else None,
+                mixer_norm=plan.mixer_norm))
         # Post-norm blocks end in a norm already; every other placement needs one at the top.
         top = plans[-1]
         final_norm = self.make("norm", top.norm, dim) if top.placement != "post" else None

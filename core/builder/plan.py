@@ -12,8 +12,8 @@ A uniform stack is ``layers: N``. A heterogeneous one names layer types and a re
 
 A layer type overrides any per-layer part of the model section: ``mixer``, ``attention`` (window,
 score, softcap, QK-norm, ...), ``position`` (another scheme, ``none`` for NoPE layers, a RoPE base
-or scaling of its own), ``ffn``, ``norm``, ``placement`` and ``residual``; and ``attn_norm: false``
-drops the norm around the mixer (ModernBERT's layer 0, whose input is the embedding norm's output).
+or scaling of its own), ``ffn``, ``norm``, ``placement`` and ``residual``; and ``mixer_norm: false``
+drops the norm before the mixer (ModernBERT's layer 0, whose input is the embedding norm's output).
 A mapping is merged into the model's value (a different ``kind`` replaces it); a name replaces it.
 
 The ``attention:`` section is shorthand for ``mixer: {kind: attention, ...}`` with the same keys
@@ -33,16 +33,16 @@ from ..errors import closest
 from ..interfaces import CORE_ARGS, PositionScheme
 from ..nn.attention import AttentionConfig, check_attention
 from ..nn.blocks import Placement, Residual
-from ..registry import registry
+from ..registry import Registry, registry
 from ..schema import SchemaError, Validator, dotted, instantiate
 
 ATTENTION = {"kind": "attention"}  # the mixer of a layer whose mixer is null: the attention: section
 
 #: The model-section keys a layer type may override.
-LAYER_KEYS = ("mixer", "attention", "position", "ffn", "norm", "placement", "residual", "attn_norm")
+LAYER_KEYS = ("mixer", "attention", "position", "ffn", "norm", "placement", "residual", "mixer_norm")
 #: Their values when a model section does not have the key (an encoder–decoder has no residual:;
-#: ``attn_norm`` is per layer only).
-DEFAULTS = {"mixer": None, "residual": "sequential", "placement": "pre", "attn_norm": True}
+#: ``mixer_norm`` is per layer only).
+DEFAULTS = {"mixer": None, "residual": "sequential", "placement": "pre", "mixer_norm": True}
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class LayerPlan:
     """The resolved parts of one layer: validated specs (``{kind: name, **params}``; an attending
     layer's mixer is ``{kind: attention}`` and its keys are in ``attention``), the attention
     section as an ``AttentionConfig``, and the layer type's name (None for the model's defaults).
-    ``attn_norm``: whether the block has its norm around the mixer (``TransformerBlock.attn_norm``)."""
+    ``mixer_norm``: whether the block has its norm before the mixer (``TransformerBlock.mixer_norm``)."""
 
     type: str | None
     mixer: dict
@@ -60,7 +60,7 @@ class LayerPlan:
     norm: dict
     placement: Placement
     residual: Residual
-    attn_norm: bool = True
+    mixer_norm: bool = True
 
     @property
     def mixer_spec(self) -> dict:
@@ -90,9 +90,10 @@ def merge(base: Any, override: Any) -> Any:
     return out
 
 
-def recipe_validator() -> Validator:
-    """A validator over the installed components (recipe validation passes its own)."""
-    return Validator(registry().resolve, lambda kind: CORE_ARGS.get(kind, ()))
+def recipe_validator(components: Registry | None = None) -> Validator:
+    """A validator over ``components`` (default: the installed ones); recipe validation passes
+    its own, which also records provenance."""
+    return Validator((components or registry()).resolve, lambda kind: CORE_ARGS.get(kind, ()))
 
 
 def layer_plan(model: dict, path: tuple = ("model",), validator: Validator | None = None) -> list[LayerPlan]:
@@ -197,7 +198,7 @@ def _resolve(base: dict, override: dict, model_path: tuple, where: tuple, dim: i
         norm=validator.spec("norm", part["norm"], at("norm")),
         placement=validator.value(part["placement"], Placement, at("placement")),
         residual=validator.value(part["residual"], Residual, at("residual")),
-        attn_norm=validator.value(part["attn_norm"], bool, at("attn_norm")))
+        mixer_norm=validator.value(part["mixer_norm"], bool, at("mixer_norm")))
 
 
 def _mixer(part: dict, at, where: tuple, model_path: tuple, dim: int,
@@ -240,13 +241,11 @@ def _embeds(validator: Validator, kind: str, path: tuple) -> bool:
 
 
 def check_layers(model: dict, path: tuple, validator: Validator, *, causal: bool = True) -> None:
-    """Recipe validation of a model section's per-layer settings (a ``check_recipe`` helper);
-    ``causal=False`` for encoder stacks, which causal-only mixers cannot serve."""
+    """Recipe validation of a model section's per-layer settings (a ``check_recipe`` helper):
+    every rule of a layer's parts is checked here, once, as a SchemaError; the modules built from
+    a valid recipe check nothing again. ``causal=False`` for encoder stacks, which causal-only
+    mixers cannot serve."""
     plans = layer_plan(model, path, validator)
-    if model.get("layer_overrides"):
-        # Index keys as text: YAML gives ints, a checkpoint's JSON gives strings, and a resumed
-        # run compares the two recipes.
-        model["layer_overrides"] = {str(int(key)): value for key, value in model["layer_overrides"].items()}
     for index, plan in enumerate(plans):
         where = (*path, "layer_types", plan.type) if plan.type else path
         if not causal and validator.component("mixer", plan.mixer["kind"], (*where, "mixer")).causal_only:

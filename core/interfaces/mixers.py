@@ -34,7 +34,7 @@ class MixerContext:
     of the new tokens and of every key; ``mask`` boolean (B|1, 1, T, S), True where a query may
     attend, or None with ``causal`` telling the kernel to apply a plain top-left causal mask;
     ``padding`` (B, T) 1 for the real tokens among the new ones, or None when all are real;
-    ``cache`` the model-level decode cache (``seqzoo.nn.cache.KVCache``) whose ``states[layer]`` the
+    ``cache`` the model-level decode cache (``seqzoo.nn.cache.DecodeCache``) whose ``states[layer]`` the
     block hands each mixer, or None; ``static``: one token per row at the cache's static slot
     (``generate(compile=True)``). ``prepared`` is ``position.prepare(q_pos, k_pos)`` as keyword
     arguments for the position hooks ({} when the scheme prepares nothing; a ``PositionBias``'s
@@ -205,9 +205,9 @@ class Mixer(Part):
 
     @classmethod
     def position_dims(cls, spec: dict, dim: int) -> tuple[int, int] | None:
-        """(head_dim, heads) the layer's position scheme must be built for, when this mixer's own
-        spec decides them (latent attention rotates only its d_r-wide part); None: the model's
-        ``attention:`` section does."""
+        """(head_dim, heads) the layer's position scheme must be built for: attention's H heads of
+        D features, latent attention's d_r-wide rotated part. None for a mixer that never calls
+        its position scheme (a recurrence)."""
         return None
 
     def forward(self, x: Tensor, context: MixerContext, state: MixerState | None = None) -> Tensor:

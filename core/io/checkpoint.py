@@ -9,6 +9,7 @@ fsync, rename, fsync of the folder.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -150,6 +151,36 @@ def read_recipe(path: str | os.PathLike, metadata: dict[str, str] | None = None)
         raise CheckpointError(f"{path}: corrupt seqzoo metadata ({error})") from None
     if not isinstance(recipe, dict):
         raise CheckpointError(f"{path}: corrupt seqzoo metadata (the recipe is not a mapping)")
+    return upgrade_recipe(recipe)
+
+
+# -- checkpoints written before the mixer slot was renamed (seqzoo 0.1.0 up to commit 64f90cd) ----
+#: Old block module names and what they are called now: the token mixer was ``attn`` whatever its
+#: kind, and the norms around it ``attn_norm`` / ``attn_out_norm``.
+RENAMED_MODULES = {"attn": "mixer", "attn_norm": "mixer_norm", "attn_out_norm": "mixer_out_norm"}
+_OLD_BLOCK_NAME = re.compile(r"(^|\.)(blocks\.\d+\.)(" + "|".join(RENAMED_MODULES) + r")(?=\.|$)")
+
+
+def upgrade_name(name: str) -> str:
+    """A parameter name of an old checkpoint as today's model calls it
+    (``decoder.blocks.0.attn.A_log`` -> ``decoder.blocks.0.mixer.A_log``); today's names pass."""
+    return _OLD_BLOCK_NAME.sub(lambda m: m[1] + m[2] + RENAMED_MODULES[m[3]], name)
+
+
+def upgrade_recipe(recipe: dict) -> dict:
+    """A stored recipe in today's keys: the per-layer ``attn_norm`` is ``mixer_norm`` now."""
+    model = recipe.get("model")
+    if not isinstance(model, dict):
+        return recipe
+    parts = [*(model.get("layer_types") or {}).values(), *(model.get("layer_overrides") or {}).values()]
+    if not any(isinstance(part, dict) and "attn_norm" in part for part in parts):
+        return recipe
+    recipe = copy.deepcopy(recipe)
+    model = recipe["model"]
+    for section in ("layer_types", "layer_overrides"):
+        for part in (model.get(section) or {}).values():
+            if isinstance(part, dict) and "attn_norm" in part:
+                part["mixer_norm"] = part.pop("attn_norm")
     return recipe
 
 
@@ -186,10 +217,11 @@ def load_weights(model: nn.Module, path: str | os.PathLike, metadata: dict[str, 
         raise CheckpointError(f"{path}: corrupt seqzoo metadata ({error})") from None
     target = next((p.device for p in model.parameters()), torch.device("cpu"))
     with safe_open(str(path), framework="pt", device="cpu") as handle:
-        stored = {name: handle.get_tensor(name) for name in handle.keys() if not name.startswith(EXTRA_PREFIX)}
+        stored = {upgrade_name(name): handle.get_tensor(name) for name in handle.keys()
+                  if not name.startswith(EXTRA_PREFIX)}
     for name, source in tied.items():
-        if source in stored:
-            stored[name] = stored[source]
+        if upgrade_name(source) in stored:
+            stored[upgrade_name(name)] = stored[upgrade_name(source)]
     _check_tensors(path, model.state_dict(), stored, same_dtype=same_dtype)
     with torch.no_grad():
         for name, tensor in model.state_dict().items():

@@ -287,7 +287,7 @@ def _module_title(name: str) -> str:
     """``decoder.blocks.1.cross_attn`` -> ``decoder L1 cross``; other names are kept."""
     parts = name.split(".")
     if len(parts) >= 3 and parts[-3] == "blocks" and parts[-2].isdigit():
-        which = {"attn": "self", "cross_attn": "cross"}.get(parts[-1], parts[-1])
+        which = {"mixer": "self", "cross_attn": "cross"}.get(parts[-1], parts[-1])
         return " ".join([*parts[:-3], f"L{parts[-2]}", which])
     return name
 

@@ -21,7 +21,7 @@ from ..functional import expand_kv, masked_softmax_attend, softcap
 from ..interfaces import MaskSpec, Mixer, MixerContext, PositionScheme, ScoreFunction
 from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
 from . import flex
-from .cache import KVCache, KVSlice
+from .cache import DecodeCache, KVSlice
 from .linear import Linear
 
 #: Training on the materialised path (where flex cannot run: the CPU) splits a sequence of at
@@ -84,7 +84,7 @@ def self_attention_inputs(
     q_pos: Tensor,
     *,
     causal: bool,
-    cache: KVCache | None = None,
+    cache: DecodeCache | None = None,
     key_padding: Tensor | None = None,
     window: int | None = None,
     prepared: dict | None = None,
@@ -124,7 +124,7 @@ def self_attention_inputs(
                         mask_spec=spec)
 
 
-def static_attention_inputs(position: PositionScheme, q_pos: Tensor, cache: KVCache, *,
+def static_attention_inputs(position: PositionScheme, q_pos: Tensor, cache: DecodeCache, *,
                             window: int | None = None, prepared: dict | None = None) -> MixerContext:
     """One new token per row at the ``slot`` of a static cache (``cache.write_static`` already
     marked it valid): it attends over all max_len slots, masked to the valid ones (causality holds
@@ -153,6 +153,7 @@ class MultiHeadAttention(Mixer):
     """
 
     reads_mask = True
+    residual_projections = ("out_proj",)
 
     def __init__(self, dim: int, config: AttentionConfig, *, score: ScoreFunction, q_norm: nn.Module | None = None,
                  k_norm: nn.Module | None = None, cross: bool = False, memory_dim: int | None = None) -> None:
@@ -293,7 +294,7 @@ class MultiHeadAttention(Mixer):
         return flex.attend(q, key, value, scale=score.scale, score_mod=modify, blocks=blocks, sink=self.sinks)
 
     def attend_memory(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None,
-                      cache: KVCache | None = None, layer: int = 0) -> Tensor:
+                      cache: DecodeCache | None = None, layer: int = 0) -> Tensor:
         """Cross-attention: x (B, T, C) reads memory (B, S, C_m); memory_mask (B, 1, 1, S) boolean.
 
         With a cache the memory's keys/values are projected once and reused for every step.

@@ -20,10 +20,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError, InputError
+from ..errors import InputError
 from ..interfaces import Mixer, MixerContext, MixerState, PositionScheme
 from .attention import MultiHeadAttention, self_attention_inputs, static_attention_inputs
-from .cache import KVCache
+from .cache import DecodeCache
 
 Placement = Literal["pre", "post", "sandwich", "output"]
 Residual = Literal["sequential", "parallel", "parallel_shared"]
@@ -40,29 +40,29 @@ class TransformerBlock(nn.Module):
     """One layer: ``mixer``, optionally ``cross_attn`` (encoder–decoder), and ``ffn``, each in its
     norms (made by calling ``norm()``), residual connection and residual dropout.
 
-    Module names follow the roles: ``attn_norm``/``ffn_norm`` normalise a sublayer's input (for
-    ``post``, its residual sum), ``attn_out_norm``/``ffn_out_norm`` its output (``sandwich``,
-    ``output``); ``attn`` is the mixer, whatever its kind. ``attn_norm=False`` leaves out the
-    mixer's ``attn_norm`` (ModernBERT's first layer: its input is the embedding norm's output).
+    Module names follow the roles: ``mixer_norm``/``ffn_norm`` normalise a sublayer's input (for
+    ``post``, its residual sum), ``mixer_out_norm``/``ffn_out_norm`` its output (``sandwich``,
+    ``output``); ``mixer`` is the token mixer, whatever its kind (mamba_ssm's ``Block`` names it
+    so). ``mixer_norm=False`` leaves out the norm before the mixer (ModernBERT's first layer: its
+    input is the embedding norm's output). The recipe validator has checked the combination of
+    placement and residual (``seqzoo.builder.plan``); the block wires what it is given.
     ``ffn=None`` leaves out the feed-forward sublayer and its norms (Mamba's layers are a mixer only).
     """
 
     def __init__(self, mixer: Mixer, ffn: nn.Module | None, norm: Callable[[], nn.Module], *,
                  placement: Placement = "pre", residual: Residual = "sequential", dropout: float = 0.0,
-                 cross_attn: MultiHeadAttention | None = None, attn_norm: bool = True) -> None:
+                 cross_attn: MultiHeadAttention | None = None, mixer_norm: bool = True) -> None:
         super().__init__()
-        if residual != "sequential" and placement != "pre":
-            raise ValueError(f"residual={residual!r} wires pre-norm layers only, got placement={placement!r}")
         self.placement, self.residual = placement, residual
         inputs = placement in ("pre", "post", "sandwich")
         outputs = placement in ("sandwich", "output")
-        self.attn_norm = norm() if inputs and attn_norm else None
-        self.attn_out_norm = norm() if outputs else None
-        self.attn = mixer
+        self.mixer_norm = norm() if inputs and mixer_norm else None
+        self.mixer_out_norm = norm() if outputs else None
+        self.mixer = mixer
         if cross_attn is not None:
             self.cross_norm = norm() if inputs else None
             self.cross_out_norm = norm() if outputs else None
-            self.cross_attn = cross_attn
+        self.cross_attn = cross_attn  # None: no cross-attention sublayer (and no norms for one)
         self.ffn_norm = norm() if ffn is not None and inputs and residual != "parallel_shared" else None
         self.ffn_out_norm = norm() if ffn is not None and outputs else None
         self.ffn = ffn
@@ -84,11 +84,11 @@ class TransformerBlock(nn.Module):
         """x (B, T, C) -> (B, T, C); ``state`` the mixer's decoding state; ``memory`` (B, S, C_m)
         for cross-attention layers (``layer`` keys its projected memory in the cache)."""
         if self.residual != "sequential":
-            h = self.attn_norm(x) if self.attn_norm is not None else x
+            h = self.mixer_norm(x) if self.mixer_norm is not None else x
             f = h if self.ffn_norm is None else self.ffn_norm(x)
-            out = x + self._drop(self.attn(h, context, state))
+            out = x + self._drop(self.mixer(h, context, state))
             return out + self._drop(self.ffn(f)) if self.ffn is not None else out
-        x = self._sublayer(x, self.attn_norm, self.attn_out_norm, lambda h: self.attn(h, context, state))
+        x = self._sublayer(x, self.mixer_norm, self.mixer_out_norm, lambda h: self.mixer(h, context, state))
         if memory is not None:
             x = self._sublayer(x, self.cross_norm, self.cross_out_norm, lambda h: self.cross_attn.attend_memory(
                 h, memory, memory_mask, context.cache, layer))
@@ -119,14 +119,16 @@ class TransformerStack(nn.Module):
         self.layer_scheme = list(layer_scheme) if layer_scheme is not None else [0] * len(blocks)
         if len(self.layer_scheme) != len(blocks):
             raise ValueError(f"layer_scheme has {len(self.layer_scheme)} entries for {len(blocks)} blocks")
-        for block in blocks:
-            if not causal and block.attn.causal_only:
-                raise ConfigError(f"{type(block.attn).__name__} is causal by construction and cannot "
-                                  f"serve a bidirectional (encoder) stack")
         self.embed_norm = embed_norm if embed_norm is not None else nn.Identity()
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = final_norm if final_norm is not None else nn.Identity()
+
+    @property
+    def residual_branches(self) -> int:
+        """How many sublayers add into the residual stream: per block its mixer, its cross-attention
+        and its FFN, those it has (the count ``seqzoo.nn.init`` scales residual projections by)."""
+        return sum(1 + (block.cross_attn is not None) + (block.ffn is not None) for block in self.blocks)
 
     @property
     def schemes(self) -> list[PositionScheme]:
@@ -135,15 +137,15 @@ class TransformerStack(nn.Module):
     def static_blocker(self) -> str | None:
         """The name of the first position scheme or mixer whose decode step changes shape from
         token to token (so a compiled static step would recompile), or None when there is none."""
-        parts = [*self.schemes, *(block.attn for block in self.blocks)]
+        parts = [*self.schemes, *(block.mixer for block in self.blocks)]
         return next((type(part).__name__ for part in parts if not part.compiles_statically), None)
 
-    def new_cache(self, batch: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> KVCache:
+    def new_cache(self, batch: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> DecodeCache:
         """An empty decode cache: each layer's mixer makes its own state."""
-        states = [block.attn.new_state(batch, max_len, device=device, dtype=dtype) for block in self.blocks]
-        return KVCache(states, batch, max_len, device=device)
+        states = [block.mixer.new_state(batch, max_len, device=device, dtype=dtype) for block in self.blocks]
+        return DecodeCache(states, batch, max_len, device=device)
 
-    def positions(self, t: int, *, attention_mask: Tensor | None, cache: KVCache | None,
+    def positions(self, t: int, *, attention_mask: Tensor | None, cache: DecodeCache | None,
                   device: torch.device) -> Tensor:
         """Absolute positions (B|1, T) of T new tokens: after the cached ones, or counting only
         real tokens when a (left-)padding mask (B, S) is given."""
@@ -153,7 +155,7 @@ class TransformerStack(nn.Module):
         return torch.arange(past, past + t, device=device)[None]
 
     def forward(self, x: Tensor, *, attention_mask: Tensor | None = None,
-                positions: Tensor | None = None, cache: KVCache | None = None,
+                positions: Tensor | None = None, cache: DecodeCache | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
                 documents: Tensor | None = None) -> Tensor:
         """Token embeddings x (B, T, C) -> hidden states (B, T, C).
@@ -165,14 +167,14 @@ class TransformerStack(nn.Module):
         """
         t = x.shape[1]
         if documents is not None:
-            blind = next((block.attn for block in self.blocks if not block.attn.reads_mask), None)
+            blind = next((block.mixer for block in self.blocks if not block.mixer.reads_mask), None)
             if blind is not None:
                 raise InputError(f"document masking needs every layer to read an attention mask, but "
                                  f"{type(blind).__name__} carries its state across packed documents; train it "
                                  f"without document_mask")
         static = cache is not None and cache.slot is not None
         if static:
-            # A static decode step (see KVCache.make_static): the caller checked room and limits
+            # A static decode step (see DecodeCache.make_static): the caller checked room and limits
             # and passes the positions; nothing here may depend on the cache's Python length.
             if t != 1 or positions is None:
                 raise InputError("a static KV cache decodes one token per step at given positions")
@@ -189,7 +191,7 @@ class TransformerStack(nn.Module):
         contexts: dict[tuple[int, int | None], MixerContext] = {}
         cross_mask = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None
         for layer, block in enumerate(self.blocks):
-            key = (self.layer_scheme[layer], block.attn.window)
+            key = (self.layer_scheme[layer], block.mixer.window)
             context = contexts.get(key)
             if context is None:  # once per distinct configuration and forward
                 scheme = schemes[key[0]]

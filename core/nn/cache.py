@@ -21,7 +21,7 @@ from ..interfaces import MixerState
 
 class KVSlice(MixerState):
     """One attention layer's cached keys and values: (B, K, max_len, D) buffers written in place
-    at the slots the model-level ``KVCache`` says."""
+    at the slots the model-level ``DecodeCache`` says."""
 
     def __init__(self, batch: int, kv_heads: int, head_dim: int, max_len: int, *,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
@@ -29,7 +29,7 @@ class KVSlice(MixerState):
         self.k = torch.zeros(batch, kv_heads, max_len, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros(batch, kv_heads, max_len, value_dim or head_dim, device=device, dtype=dtype)
 
-    def write(self, cache: KVCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def write(self, cache: DecodeCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, K, T, D) after the ``cache.length`` cached slots; return all keys and
         values so far, (B, K, length + T, D), as views of the buffer. A static cache writes one
         token at ``cache.slot`` and returns the whole buffer (B, K, max_len, D)."""
@@ -47,10 +47,10 @@ class KVSlice(MixerState):
         self.v = self.v.index_select(0, rows)
 
 
-class KVCache:
-    """A model's decoding state: one ``MixerState`` per layer (``states``, made by each layer's
-    mixer: a ``KVSlice`` for attention, a fixed-size state for a recurrent mixer), the absolute
-    position of every slot, and ``length``, the number of slots filled."""
+class DecodeCache:
+    """A model's decoding state, whatever its mixers: one ``MixerState`` per layer (``states``,
+    made by each layer's mixer: a ``KVSlice`` for attention, a fixed-size state for a recurrent
+    mixer), the absolute position of every slot, and ``length``, the number of slots filled."""
 
     def __init__(self, states: list[MixerState], batch: int, max_len: int, *,
                  device: torch.device | str | None = None) -> None:
@@ -68,7 +68,7 @@ class KVCache:
     def check_room(self, new: int) -> None:
         if self.length + new > self.max_len:
             raise InputError(
-                f"KV cache full: {self.length} cached + {new} new tokens > max_len={self.max_len}; "
+                f"decode cache full: {self.length} cached + {new} new tokens > max_len={self.max_len}; "
                 f"create the cache with a larger max_len"
             )
 

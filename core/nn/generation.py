@@ -26,7 +26,7 @@ class CausalSession:
     """Decoding state of a decoder-only model: its KV cache, or (``use_cache=False``) the whole
     sequence so far, recomputed every step (kept as the reference the cached path must equal).
 
-    ``static``: after the prompt the cache turns static (``KVCache.make_static``) — every step has
+    ``static``: after the prompt the cache turns static (``DecodeCache.make_static``) — every step has
     the same shapes; ``compile`` (implies static) runs those steps through ``torch.compile``.
     """
 

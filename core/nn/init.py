@@ -1,4 +1,5 @@
-"""Weight initialisation shared by the architectures (GPT-2 / HF ``_init_weights`` style)."""
+"""Weight initialisation shared by the architectures (GPT-2 / HF ``_init_weights`` / mamba_ssm
+``_init_weights`` style), decided per tensor from what each component declares (``Part``)."""
 from __future__ import annotations
 
 import math
@@ -8,24 +9,34 @@ from torch import nn
 from ..interfaces import Part
 
 
-def init_weights(model: nn.Module, std: float, layers: int, residual_names: tuple[str, ...] = ()) -> None:
-    """Linear and Embedding weights ~ N(0, std), biases 0. Projections whose last name part is one of
-    ``residual_names`` (the ones writing into the residual stream) get std / √(2·layers) (GPT-2), so
-    the residual stream's variance does not grow with depth. A component that declares
-    ``own_init`` (``seqzoo.interfaces.Part``: an initialisation of its own) is left as its
-    constructor made it."""
-    skip: set[str] = set()
+def init_weights(model: nn.Module, std: float, branches: int) -> None:
+    """``nn.Linear`` and ``nn.Embedding`` weights ~ N(0, std), biases 0 — but:
+
+    - a component's ``residual_projections`` (the linears writing into the residual stream) get
+      std / √branches, where ``branches`` counts the residual branches of the whole model (2 per
+      GPT-2 layer: attention and MLP; 1 per Mamba layer, which is a mixer alone), so the stream's
+      variance does not grow with depth;
+    - a component's ``keep_init`` tensors keep their constructor's values (Mamba's Δ projection);
+    - a component with ``own_init`` is left whole as its constructor made it (torch's cells).
+    """
+    skipped: list[str] = []
+    kept: set[str] = set()
+    residual: set[str] = set()
     for name, module in model.named_modules():
-        if any(name.startswith(prefix) for prefix in skip):
+        if not isinstance(module, Part):
             continue
-        if isinstance(module, Part) and module.own_init:
-            skip.add(name + "." if name else "")  # "" (the root itself) skips everything
+        prefix = f"{name}." if name else ""
+        if module.own_init:
+            skipped.append(prefix)  # "" (the root itself) skips everything
+        kept.update(prefix + tensor for tensor in module.keep_init)
+        residual.update(prefix + linear for linear in module.residual_projections)
+    scale = 1 / math.sqrt(branches)
+    for name, module in model.named_modules():
+        if any(f"{name}.".startswith(prefix) for prefix in skipped):
             continue
-        if isinstance(module, nn.Linear):
-            residual = name.rsplit(".", 1)[-1] in residual_names
-            scale = 1 / math.sqrt(2 * layers) if residual else 1.0
-            nn.init.normal_(module.weight, 0.0, std * scale)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)
+        if not isinstance(module, (nn.Linear, nn.Embedding)):
+            continue
+        if f"{name}.weight" not in kept:
+            nn.init.normal_(module.weight, 0.0, std * (scale if name in residual else 1.0))
+        if isinstance(module, nn.Linear) and module.bias is not None and f"{name}.bias" not in kept:
+            nn.init.zeros_(module.bias)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from ..interfaces import Mixer, MixerContext
 from ..nn.attention import self_attention_inputs
-from ..nn.cache import KVCache
+from ..nn.cache import DecodeCache
 from ..registry import registry
 from ._shared import (
     B,
@@ -40,8 +40,8 @@ def _full(mixer: nn.Module, inputs: Tensor, padding: Tensor | None = None) -> Te
 def _pieces(mixer: nn.Module, inputs: Tensor, padding: Tensor | None = None,
             reorder_at: int | None = None) -> tuple[Tensor, Tensor]:
     """The first 3 tokens, then one at a time, through a decode state -> (outputs, row order)."""
-    cache = KVCache([mixer.new_state(inputs.shape[0], inputs.shape[1], dtype=inputs.dtype)],
-                    inputs.shape[0], inputs.shape[1])
+    cache = DecodeCache([mixer.new_state(inputs.shape[0], inputs.shape[1], dtype=inputs.dtype)],
+                        inputs.shape[0], inputs.shape[1])
     rows = torch.arange(inputs.shape[0])
     outs = []
     for start, end in [(0, 3), *((t, t + 1) for t in range(3, inputs.shape[1]))]:

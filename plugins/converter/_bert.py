@@ -145,9 +145,9 @@ class BertLayout(HFConverter):
             h, b = f"encoder.layer.{i}.", f"encoder.blocks.{i}."
             for part in ("weight", "bias"):
                 sources = tuple(f"{h}attention.self.{x}.{part}" for x in ("query", "key", "value"))
-                rules.append(fused(f"{b}attn.qkv_proj.{part}", sources, (dim, dim, dim)))
-            rules += renamed(b, h, {"attn.out_proj": "attention.output.dense",
-                                    "attn_norm": "attention.output.LayerNorm", "ffn.up": "intermediate.dense",
+                rules.append(fused(f"{b}mixer.qkv_proj.{part}", sources, (dim, dim, dim)))
+            rules += renamed(b, h, {"mixer.out_proj": "attention.output.dense",
+                                    "mixer_norm": "attention.output.LayerNorm", "ffn.up": "intermediate.dense",
                                     "ffn.down": "output.dense", "ffn_norm": "output.LayerNorm"}, True)
         if recipe["model"]["pooler"]:
             rules += linear("pooler", "pooler.dense", True)

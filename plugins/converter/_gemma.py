@@ -17,7 +17,7 @@ from seqzoo.io.hf.decoder import LLAMA_DEFAULTS, DecoderConverter
 from seqzoo.io.hf.rope import rope_config, rope_problem, rope_spec
 
 #: Gemma 2's four norms per layer: seqzoo name -> HF name under ``model.layers.i.``.
-NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
+NORMS = {"mixer_norm": "input_layernorm", "mixer_out_norm": "post_attention_layernorm",
          "ffn_norm": "pre_feedforward_layernorm", "ffn_out_norm": "post_feedforward_layernorm"}
 #: config.json's layer types and the names the recipe gives them.
 TYPES = {"sliding_attention": "local", "full_attention": "global"}
@@ -192,7 +192,7 @@ class GemmaConverter(DecoderConverter):
         m = model.recipe["model"]
         plans = layer_plan(m)
         attn, ffn = plans[0].attention, model.decoder.blocks[0].ffn
-        block = model.decoder.blocks[0].attn
+        block = model.decoder.blocks[0].mixer
         kinds = ["full_attention" if p.attention.window is None else "sliding_attention" for p in plans]
         positions = {kind: p.position for kind, p in zip(kinds, plans, strict=True)}
         scale = attn.score.get("scale") if isinstance(attn.score, dict) else None

@@ -81,11 +81,11 @@ class MambaLayout(CausalLMConverter):
         rules = []
         for i in range(c["num_hidden_layers"]):
             b, h = f"decoder.blocks.{i}.", f"backbone.layers.{i}."
-            rules += norm(b + "attn_norm", h + "norm", False)
-            rules += [copy(f"{b}attn.{p}", f"{h}mixer.{p}") for p in ("A_log", "D")]
+            rules += norm(b + "mixer_norm", h + "norm", False)
+            rules += [copy(f"{b}mixer.{p}", f"{h}mixer.{p}") for p in ("A_log", "D")]
             for part, bias in (("in_proj", c["use_bias"]), ("conv1d", c["use_conv_bias"]), ("x_proj", False),
                                ("dt_proj", True), ("out_proj", c["use_bias"])):
-                rules += linear(f"{b}attn.{part}", f"{h}mixer.{part}", bias)
+                rules += linear(f"{b}mixer.{part}", f"{h}mixer.{part}", bias)
         return rules + self.ends(recipe, "backbone.norm_f", False)
 
     def accepts(self, recipe: dict) -> str | None:
@@ -115,7 +115,7 @@ class MambaLayout(CausalLMConverter):
 
     def hf_config(self, model: nn.Module) -> dict:
         m = model.recipe["model"]
-        spec, mixer = m["mixer"], model.decoder.blocks[0].attn
+        spec, mixer = m["mixer"], model.decoder.blocks[0].mixer
         config = {"vocab_size": m["vocab_size"], "hidden_size": m["dim"], "num_hidden_layers": m["layers"],
                   "state_size": spec["state"], "expand": spec["expand"], "intermediate_size": mixer.inner,
                   "conv_kernel": spec["conv"], "time_step_rank": mixer.dt_rank, "use_bias": spec["bias"],

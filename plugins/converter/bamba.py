@@ -127,17 +127,17 @@ class BambaConverter(CausalLMConverter):
         rules = []
         for i, plan in enumerate(layer_plan(m)):
             b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
-            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "pre_ff_layernorm"}, False)
+            rules += renamed(b, h, {"mixer_norm": "input_layernorm", "ffn_norm": "pre_ff_layernorm"}, False)
             if plan.mixer["kind"] == "mamba2":
-                rules += mixer_rules(b + "attn.", h + "mamba.", plan.mixer)
+                rules += mixer_rules(b + "mixer.", h + "mamba.", plan.mixer)
             else:
                 attn = plan.attention
                 kv_heads, head_dim = attn.kv_heads or attn.heads, attn.head_dim or m["dim"] // attn.heads
                 sizes = (attn.heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
                 for part in ("weight", "bias") if attn.bias else ("weight",):
                     sources = tuple(f"{h}self_attn.{x}_proj.{part}" for x in "qkv")
-                    rules.append(fused(f"{b}attn.qkv_proj.{part}", sources, sizes))
-                rules += linear(b + "attn.out_proj", h + "self_attn.o_proj", attn.bias)
+                    rules.append(fused(f"{b}mixer.qkv_proj.{part}", sources, sizes))
+                rules += linear(b + "mixer.out_proj", h + "self_attn.o_proj", attn.bias)
             rules += renamed(b, h, {f"ffn.{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")},
                              plan.ffn["bias"])
         return rules + self.ends(recipe, "model.final_layernorm", False)
@@ -173,7 +173,7 @@ class BambaConverter(CausalLMConverter):
             (kind_of(first.norm) == "rmsnorm", f"model.norm is {kind_of(first.norm)}, needs rmsnorm"),
             (first.placement == "pre", f"model.placement is {first.placement}, needs pre"),
             (first.residual == "sequential", f"model.residual is {first.residual}, needs sequential"),
-            (first.attn_norm, "model.layer_types: attn_norm false; every Bamba layer has input_layernorm"),
+            (first.mixer_norm, "model.layer_types: mixer_norm false; every Bamba layer has input_layernorm"),
             (kind_of(first.position) == "rope", f"model.position is {kind_of(first.position)}, needs rope"),
             (kind_of(attn.score) == "scaled_dot" and attn.score.get("scale") is None,
              "model.attention.score must be scaled_dot with the default scale"),

@@ -84,10 +84,10 @@ class BloomConverter(CausalLMConverter):
         rules = norm("decoder.embed_norm", "transformer.word_embeddings_layernorm")
         for i in range(recipe["model"]["layers"]):
             b, h = f"decoder.blocks.{i}.", f"transformer.h.{i}."
-            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                                    "attn.out_proj": "self_attention.dense", "ffn.up": "mlp.dense_h_to_4h",
+            rules += renamed(b, h, {"mixer_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                                    "mixer.out_proj": "self_attention.dense", "ffn.up": "mlp.dense_h_to_4h",
                                     "ffn.down": "mlp.dense_4h_to_h"}, True)
-            rules += [fused_per_head(f"{b}attn.qkv_proj.{part}", f"{h}self_attention.query_key_value.{part}", heads)
+            rules += [fused_per_head(f"{b}mixer.qkv_proj.{part}", f"{h}self_attention.query_key_value.{part}", heads)
                       for part in ("weight", "bias")]
         return rules + self.ends(recipe, "transformer.ln_f", True)
 

@@ -167,17 +167,17 @@ class DeepseekV3Converter(CausalLMConverter):
         for i, plan in enumerate(layer_plan(recipe["model"])):
             b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
             mla = plan.mixer
-            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}, False)
+            rules += renamed(b, h, {"mixer_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}, False)
             if mla["q_lora_rank"] is None:
-                rules += linear(b + "attn.q_proj", h + "self_attn.q_proj", False)
+                rules += linear(b + "mixer.q_proj", h + "self_attn.q_proj", False)
             else:
-                rules += linear(b + "attn.q_a_proj", h + "self_attn.q_a_proj", mla["bias"])
-                rules += renamed(b, h, {"attn.q_a_norm": "self_attn.q_a_layernorm",
-                                        "attn.q_b_proj": "self_attn.q_b_proj"}, False)
-            rules += linear(b + "attn.kv_a_proj", h + "self_attn.kv_a_proj_with_mqa", mla["bias"])
-            rules += renamed(b, h, {"attn.kv_a_norm": "self_attn.kv_a_layernorm",
-                                    "attn.kv_b_proj": "self_attn.kv_b_proj"}, False)
-            rules += linear(b + "attn.out_proj", h + "self_attn.o_proj", mla["bias"])
+                rules += linear(b + "mixer.q_a_proj", h + "self_attn.q_a_proj", mla["bias"])
+                rules += renamed(b, h, {"mixer.q_a_norm": "self_attn.q_a_layernorm",
+                                        "mixer.q_b_proj": "self_attn.q_b_proj"}, False)
+            rules += linear(b + "mixer.kv_a_proj", h + "self_attn.kv_a_proj_with_mqa", mla["bias"])
+            rules += renamed(b, h, {"mixer.kv_a_norm": "self_attn.kv_a_layernorm",
+                                    "mixer.kv_b_proj": "self_attn.kv_b_proj"}, False)
+            rules += linear(b + "mixer.out_proj", h + "self_attn.o_proj", mla["bias"])
             if plan.ffn["kind"] == "moe":
                 ours, theirs = b + "ffn.", h + "mlp."
                 rules += [Rule(ours + "router.weight", (theirs + "gate.weight",)),
@@ -212,7 +212,7 @@ class DeepseekV3Converter(CausalLMConverter):
             (all(p.ffn == moe for p, s in zip(plans, sparse) if s), "model.layer_types: the experts differ"),
             (moe is None or self.moe_problem(moe) is None, moe and self.moe_problem(moe)),
             (kind_of(first.norm) == "rmsnorm", f"model.norm is {kind_of(first.norm)}, needs rmsnorm"),
-            (first.placement == "pre" and first.residual == "sequential" and first.attn_norm,
+            (first.placement == "pre" and first.residual == "sequential" and first.mixer_norm,
              "model.placement: DeepSeek-V3 is pre-norm with sequential residuals"),
             (mla.get("norm_eps") == MLA_EPS, f"model.mixer.norm_eps must be {MLA_EPS} (DeepSeek-V3's latent norms)"),
             (kind_of(position) == "rope", f"model.position is {kind_of(position)}, needs rope"),

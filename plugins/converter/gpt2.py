@@ -84,8 +84,8 @@ class GPT2Converter(CausalLMConverter):
         rules = [copy("decoder.position.table.weight", "transformer.wpe.weight")]
         for i in range(recipe["model"]["layers"]):
             b, h = f"decoder.blocks.{i}.", f"transformer.h.{i}."
-            rules += renamed(b, h, {"attn_norm": "ln_1", "ffn_norm": "ln_2"}, True)
-            rules += renamed(b, h, {"attn.qkv_proj": "attn.c_attn", "attn.out_proj": "attn.c_proj",
+            rules += renamed(b, h, {"mixer_norm": "ln_1", "ffn_norm": "ln_2"}, True)
+            rules += renamed(b, h, {"mixer.qkv_proj": "attn.c_attn", "mixer.out_proj": "attn.c_proj",
                                     "ffn.up": "mlp.c_fc", "ffn.down": "mlp.c_proj"}, True, transpose=True)
         return rules + self.ends(recipe, "transformer.ln_f", True)
 

@@ -146,11 +146,11 @@ class GPTNeoXConverter(HFConverter):
         rules = [copy("embed.weight", "gpt_neox.embed_in.weight")]
         for i in range(c["num_hidden_layers"]):
             h, b = f"gpt_neox.layers.{i}.", f"decoder.blocks.{i}."
-            rules += norm(b + "attn_norm", h + "input_layernorm")
+            rules += norm(b + "mixer_norm", h + "input_layernorm")
             for part in ("weight", "bias") if bias else ("weight",):
-                rules.append(fused_per_head(f"{b}attn.qkv_proj.{part}", f"{h}attention.query_key_value.{part}",
+                rules.append(fused_per_head(f"{b}mixer.qkv_proj.{part}", f"{h}attention.query_key_value.{part}",
                                             c["num_attention_heads"]))
-            rules += linear(b + "attn.out_proj", h + "attention.dense", bias)
+            rules += linear(b + "mixer.out_proj", h + "attention.dense", bias)
             rules += norm(b + "ffn_norm", h + "post_attention_layernorm")
             rules += linear(b + "ffn.up", h + "mlp.dense_h_to_4h", True)
             rules += linear(b + "ffn.down", h + "mlp.dense_4h_to_h", True)

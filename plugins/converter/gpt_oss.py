@@ -117,7 +117,7 @@ class GptOssConverter(DecoderConverter):
         rules = [r for r in super().rules(config, recipe) if ".ffn." not in r.targets[0]]
         for i in range(c["num_hidden_layers"]):
             b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
-            rules += [Rule(b + "attn.sinks", (h + "self_attn.sinks",)),
+            rules += [Rule(b + "mixer.sinks", (h + "self_attn.sinks",)),
                       Rule(b + "ffn.router.weight", (h + "mlp.router.weight",)),
                       Rule(b + "ffn.router.bias", (h + "mlp.router.bias",))]
             rules += stacked_expert_rules(b + "ffn.", h + "mlp.", c["num_local_experts"])

@@ -172,22 +172,22 @@ class JambaConverter(CausalLMConverter):
         rules = []
         for i, plan in enumerate(layer_plan(recipe["model"])):
             b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
-            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "pre_ff_layernorm"}, False)
+            rules += renamed(b, h, {"mixer_norm": "input_layernorm", "ffn_norm": "pre_ff_layernorm"}, False)
             if plan.mixer["kind"] == "mamba":
                 spec = plan.mixer
                 biases = (spec["bias"], spec["conv_bias"], False, True, spec["bias"])
                 for part, bias in zip(MAMBA, biases):
-                    rules += linear(f"{b}attn.{part}", f"{h}mamba.{part}", bias)
-                rules += [Rule(f"{b}attn.{p}", (f"{h}mamba.{p}",)) for p in ("A_log", "D")]
-                rules += [Rule(f"{b}attn.{ours}_norm", (f"{h}mamba.{theirs}_layernorm.weight",))
+                    rules += linear(f"{b}mixer.{part}", f"{h}mamba.{part}", bias)
+                rules += [Rule(f"{b}mixer.{p}", (f"{h}mamba.{p}",)) for p in ("A_log", "D")]
+                rules += [Rule(f"{b}mixer.{ours}_norm", (f"{h}mamba.{theirs}_layernorm.weight",))
                           for ours, theirs in (("dt", "dt"), ("b", "b"), ("c", "c"))]
             else:
                 attn = plan.attention
                 kv_heads, head_dim = attn.kv_heads or attn.heads, attn.head_dim or recipe["model"]["dim"] // attn.heads
                 sources = tuple(f"{h}self_attn.{x}_proj.weight" for x in "qkv")
-                rules.append(fused(f"{b}attn.qkv_proj.weight", sources,
+                rules.append(fused(f"{b}mixer.qkv_proj.weight", sources,
                                    (attn.heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)))
-                rules += linear(b + "attn.out_proj", h + "self_attn.o_proj", False)
+                rules += linear(b + "mixer.out_proj", h + "self_attn.o_proj", False)
             if plan.ffn["kind"] == "moe":
                 rules.append(Rule(b + "ffn.router.weight", (h + "feed_forward.router.weight",)))
                 rules += expert_rules(b + "ffn.", h + "feed_forward.", plan.ffn["experts"])

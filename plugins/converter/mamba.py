@@ -1,7 +1,7 @@
 """Mamba (Gu & Dao, 2023) <-> ``decoder_lm``: every layer a ``mamba`` mixer alone (``ffn: null``),
 pre-norm RMSNorm, no position scheme, the head tied unless ``tie_word_embeddings`` is false.
 
-``backbone.layers.i.norm`` is the layer's ``attn_norm``; ``mixer.{in_proj, conv1d, x_proj, dt_proj,
+``backbone.layers.i.norm`` is the layer's ``mixer_norm``; ``mixer.{in_proj, conv1d, x_proj, dt_proj,
 A_log, D, out_proj}`` keep their names and shapes (conv1d (E, 1, K) in both); ``backbone.norm_f``
 is the final norm. The width E is ``intermediate_size`` (which transformers reads over ``expand``
 when both are given), written as the mixer's ``expand`` = E / hidden_size.

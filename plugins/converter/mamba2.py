@@ -109,7 +109,7 @@ class Mamba2Converter(CausalLMConverter):
         rules = []
         for i in range(recipe["model"]["layers"]):
             b, h = f"decoder.blocks.{i}.", f"backbone.layers.{i}."
-            rules += norm(b + "attn_norm", h + "norm", False) + mixer_rules(b + "attn.", h + "mixer.", spec)
+            rules += norm(b + "mixer_norm", h + "norm", False) + mixer_rules(b + "mixer.", h + "mixer.", spec)
         return rules + self.ends(recipe, "backbone.norm_f", False)
 
     def accepts(self, recipe: dict) -> str | None:
@@ -126,7 +126,7 @@ class Mamba2Converter(CausalLMConverter):
             (kind_of(first.norm) == "rmsnorm", f"model.norm is {kind_of(first.norm)}, needs rmsnorm"),
             (first.placement == "pre", f"model.placement is {first.placement}, needs pre"),
             (first.residual == "sequential", f"model.residual is {first.residual}, needs sequential"),
-            (first.attn_norm, "model.layer_types: attn_norm false; every Mamba-2 block has its norm"),
+            (first.mixer_norm, "model.layer_types: mixer_norm false; every Mamba-2 block has its norm"),
             (m["embed_norm"] is None, "model.embed_norm is set; Mamba-2 has none"),
             (not m["scale_embeddings"], "model.scale_embeddings is true; Mamba-2 has none"),
             (m["final_softcap"] is None, "model.final_softcap is set; Mamba-2 has none"),

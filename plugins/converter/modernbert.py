@@ -4,7 +4,7 @@ GeGLU and LayerNorms without bias.
 
 - Embeddings: ``tok_embeddings`` then a LayerNorm (``embed_norm``); no position table, no token
   types. Layer 0 has no attention norm (its input is that norm's output):
-  ``layer_overrides: {0: {attn_norm: false}}``.
+  ``layer_overrides: {0: {mixer_norm: false}}``.
 - Layer i is global when i % n == 0 (or as ``layer_types`` lists): layer types ``global`` (the
   model's RoPE, base ``global_rope_theta`` 160000) and ``local`` (base ``local_rope_theta`` 10000,
   and a window). A local query i sees keys j with |i − j| ≤ ``local_attention`` // 2, which is
@@ -189,7 +189,7 @@ class ModernBertConverter(HFConverter):
             model["pattern"] = layer_pattern(["global" if t == GLOBAL else "local" for t in types])
         elif LOCAL in types:
             model["attention"]["window"] = window
-        model["layer_overrides"] = {0: {"attn_norm": False}}
+        model["layer_overrides"] = {0: {"mixer_norm": False}}
         if self.masked_lm(names):
             if not c["tie_word_embeddings"]:
                 raise CheckpointError("config.json: modernbert tie_word_embeddings false is not supported "
@@ -207,9 +207,9 @@ class ModernBertConverter(HFConverter):
         for i in range(c["num_hidden_layers"]):
             h, b = f"layers.{i}.", f"encoder.blocks.{i}."
             if i:  # layer 0's attention norm is an Identity
-                rules += norm(b + "attn_norm", h + "attn_norm", bias)
-            rules += linear(b + "attn.qkv_proj", h + "attn.Wqkv", c["attention_bias"])
-            rules += linear(b + "attn.out_proj", h + "attn.Wo", c["attention_bias"])
+                rules += norm(b + "mixer_norm", h + "attn_norm", bias)
+            rules += linear(b + "mixer.qkv_proj", h + "attn.Wqkv", c["attention_bias"])
+            rules += linear(b + "mixer.out_proj", h + "attn.Wo", c["attention_bias"])
             rules += norm(b + "ffn_norm", h + "mlp_norm", bias)
             for part in ("weight", "bias") if c["mlp_bias"] else ("weight",):
                 rules.append(split((f"{b}ffn.gate.{part}", f"{b}ffn.up.{part}"), f"{h}mlp.Wi.{part}", (f, f)))
@@ -247,8 +247,8 @@ class ModernBertConverter(HFConverter):
         for i, plan in enumerate(plans):
             a = plan.attention
             problem = problem or first_problem(
-                (plan.attn_norm == (i > 0), f"layer {i}: ModernBERT has an attention norm on every layer but "
-                                            f"the first (layer_overrides: {{0: {{attn_norm: false}}}})"),
+                (plan.mixer_norm == (i > 0), f"layer {i}: ModernBERT has an attention norm on every layer but "
+                                            f"the first (layer_overrides: {{0: {{mixer_norm: false}}}})"),
                 ((plan.mixer["kind"], plan.placement, plan.residual, plan.norm, plan.ffn)
                  == ("attention", "pre", "sequential", m["norm"], m["ffn"]),
                  f"layer {i}: ModernBERT's layers are the model's pre-norm attention layers"),

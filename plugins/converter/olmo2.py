@@ -18,5 +18,5 @@ class Olmo2Converter(DecoderConverter):
     family = DecoderFamily(
         "olmo2", "Olmo2ForCausalLM", "OLMo 2", defaults={**LLAMA_DEFAULTS, "vocab_size": 50304, "rms_norm_eps": 1e-5},
         placement="output", qk_norm_scope="projection",
-        norms={"attn_out_norm": "post_attention_layernorm", "ffn_out_norm": "post_feedforward_layernorm"})
+        norms={"mixer_out_norm": "post_attention_layernorm", "ffn_out_norm": "post_feedforward_layernorm"})
     gguf = GGUFArch("olmo2", output="required", problem=heads_fill_width)

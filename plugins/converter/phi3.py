@@ -89,9 +89,9 @@ class Phi3Converter(DecoderConverter):
         rules = []
         for i in range(c["num_hidden_layers"]):
             b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
-            rules += renamed(b, h, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                                    "attn.out_proj": "self_attn.o_proj", "ffn.down": "mlp.down_proj"}, False)
-            rules += [copy(f"{b}attn.qkv_proj.weight", f"{h}self_attn.qkv_proj.weight"),
+            rules += renamed(b, h, {"mixer_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                                    "mixer.out_proj": "self_attn.o_proj", "ffn.down": "mlp.down_proj"}, False)
+            rules += [copy(f"{b}mixer.qkv_proj.weight", f"{h}self_attn.qkv_proj.weight"),
                       split((f"{b}ffn.gate.weight", f"{b}ffn.up.weight"), f"{h}mlp.gate_up_proj.weight",
                             (hidden, hidden))]
         return rules + self.ends(recipe, "model.norm", False)

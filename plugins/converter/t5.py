@@ -122,9 +122,9 @@ class T5Converter(HFConverter):
             for i in range(layers):
                 h, b = f"{stack}.block.{i}.layer.", f"{stack}.blocks.{i}."
                 qkv = tuple(f"{h}0.SelfAttention.{x}.weight" for x in "qkv")
-                rules.append(fused(b + "attn.qkv_proj.weight", qkv, (inner, inner, inner)))
-                rules.append(copy(b + "attn.out_proj.weight", h + "0.SelfAttention.o.weight"))
-                rules += norm(b + "attn_norm", h + "0.layer_norm", bias=False)
+                rules.append(fused(b + "mixer.qkv_proj.weight", qkv, (inner, inner, inner)))
+                rules.append(copy(b + "mixer.out_proj.weight", h + "0.SelfAttention.o.weight"))
+                rules += norm(b + "mixer_norm", h + "0.layer_norm", bias=False)
                 ff = 1
                 if stack == "decoder":
                     rules.append(copy(b + "cross_attn.q_proj.weight", h + "1.EncDecAttention.q.weight"))
@@ -177,7 +177,7 @@ class T5Converter(HFConverter):
         act, gated = ffn_activation(m["ffn"], "gelu_new")
         if gated:  # HF reads "gated-gelu" as tanh-GELU; exact GELU is ACT2FN's gelu_python
             act = {"gelu_new": "gelu", "gelu": "gelu_python"}.get(act, act)
-        position, attn = m["position"], model.decoder.blocks[0].attn
+        position, attn = m["position"], model.decoder.blocks[0].mixer
         tied = m["tie_embeddings"]
         return {"vocab_size": m["vocab_size"], "d_model": m["dim"], "d_kv": attn.head_dim,
                 "d_ff": model.encoder.blocks[0].ffn.hidden, "num_layers": m["encoder_layers"],

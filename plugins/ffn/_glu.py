@@ -39,6 +39,8 @@ class GLU(FeedForward):
     combined with ``ffn_dim_multiplier``.
     """
 
+    residual_projections = ("down",)
+
     #: The registry name, for error messages.
     variant: ClassVar[str] = "glu"
 

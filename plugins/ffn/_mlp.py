@@ -22,6 +22,8 @@ class MLP(FeedForward):
     Submodules ``up`` (C -> F) and ``down`` (F -> C); ``down`` writes into the residual stream.
     """
 
+    residual_projections = ("down",)
+
     def __init__(self, dim: int, activation: Callable[[], nn.Module], hidden: int | None = None,
                  bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__(dim)

@@ -24,6 +24,8 @@ class ClampedSwiGLU(FeedForward):
     """hidden: F (required). alpha: α (1.702). limit: L (7.0). bias: on all three projections
     (true)."""
 
+    residual_projections = ("down",)
+
     recipe_example = """
         seqzoo: 1
         extends: tiny-llama

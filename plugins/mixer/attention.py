@@ -26,6 +26,11 @@ class AttentionMixer(MultiHeadAttention, Configured):
     Config = AttentionConfig
     example_params = {"heads": 4}
 
+    @classmethod
+    def position_dims(cls, spec: dict, dim: int) -> tuple[int, int]:
+        """The position scheme rotates or biases H heads of D features."""
+        return spec.get("head_dim") or dim // spec["heads"], spec["heads"]
+
     def __init__(self, dim: int, config: AttentionConfig, *, score: Callable[..., nn.Module],
                  qk_norm: Callable[[int], nn.Module] | None = None, cross: bool = False,
                  memory_dim: int | None = None) -> None:

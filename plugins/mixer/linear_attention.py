@@ -49,6 +49,7 @@ class LinearAttention(Mixer):
     output projections (false). chunk: the chunk length of the parallel form (64)."""
 
     causal_only = True
+    residual_projections = ("out_proj",)
     example_params = {"heads": 2}
 
     def __init__(self, dim: int, heads: PositiveInt, head_dim: PositiveInt | None = None,

@@ -48,7 +48,10 @@ class Mamba(Mixer):
     and almost no decay (``_mimetic``; Trockman et al., 2024) (false)."""
 
     causal_only = True
-    own_init = True  # A, D and the Δ bias have initialisations of their own
+    # Δ's projection starts at U(±R^-1/2) and its bias at softplus⁻¹ of a log-uniform step, as in
+    # mamba_ssm (whose ``_no_reinit`` keeps the bias); A_log and D are not linears and keep theirs.
+    keep_init = ("dt_proj.weight", "dt_proj.bias")
+    residual_projections = ("out_proj",)
     no_weight_decay = ("A_log", "D")  # as the reference implementation: decay would pull A towards −1
 
     def __init__(self, dim: int, state: PositiveInt = 16, conv: PositiveInt = 4, expand: PositiveInt = 2,
@@ -81,6 +84,7 @@ class Mamba(Mixer):
             rows = self.x_proj.weight  # (R + 2N, E): Δ's rows, then B's, then C's
             b_rows = rows[self.dt_rank:self.dt_rank + state]
             mimic_linear_attention(self.A_log, (b_rows, rows[self.dt_rank + state:]))
+            self.keep_init = (*self.keep_init, "x_proj.weight")  # the copy must survive the model's init
 
     def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
                   dtype: torch.dtype | None = None) -> MambaState:

@@ -54,7 +54,7 @@ class Mamba2(Mixer):
     2024) (false)."""
 
     causal_only = True
-    own_init = True  # A, D and the Δ bias have initialisations of their own
+    residual_projections = ("out_proj",)  # A_log, D and the Δ bias are not linears: they keep their init
     no_weight_decay = ("A_log", "D")  # as the reference implementation: decay would pull A towards −1
     example_params = {"state": 8, "head_dim": 8, "groups": 2}  # heads that fit the kit's width
 
@@ -89,6 +89,7 @@ class Mamba2(Mixer):
             if conv_bias:
                 pairs.append((self.conv1d.bias[inner:inner + width], self.conv1d.bias[inner + width:]))
             mimic_linear_attention(self.A_log, *pairs)
+            self.keep_init = ("in_proj.weight", "in_proj.bias")  # the copy must survive the model's init
 
     def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,
                   dtype: torch.dtype | None = None) -> MambaState:

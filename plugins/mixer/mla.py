@@ -44,6 +44,7 @@ class LatentAttention(Mixer):
     (``seqzoo edit``'s ``mla`` rule)."""
 
     reads_mask = True
+    residual_projections = ("out_proj",)
     recipe_example = """
         seqzoo: 1
         extends: tiny-llama

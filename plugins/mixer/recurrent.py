@@ -35,6 +35,7 @@ class RecurrentMixer(Mixer):
     dim follows when it differs."""
 
     causal_only = True
+    residual_projections = ("out_proj",)  # when there is one (hidden ≠ C)
     example_params = {"cell": "gru"}
 
     def __init__(self, dim: int, cell: Spec["cell"] = "gru", hidden: Size | None = None) -> None:

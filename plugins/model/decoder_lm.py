@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.builder import Parts, check_layers
+from seqzoo.builder import Parts, check_layers, stack_section
 from seqzoo.errors import InputError
 from seqzoo.functional import softcap
 from seqzoo.interfaces import LanguageModel
 from seqzoo.nn.attention import AttentionConfig
 from seqzoo.nn.blocks import Placement, Residual
-from seqzoo.nn.cache import KVCache
+from seqzoo.nn.cache import DecodeCache
 from seqzoo.nn.generation import CausalSession
 from seqzoo.nn.init import init_weights
 from seqzoo.nn.linear import Linear
@@ -50,19 +51,16 @@ class DecoderLM(LanguageModel):
                  dropout: Probability = 0.0, init_std: PositiveFloat = 0.02,
                  mixer: Spec["mixer"] | None = None, residual: Residual = "sequential",
                  final_softcap: PositiveFloat | None = None, layer_types: dict[str, dict] | None = None,
-                 pattern: list[str] | None = None, layer_overrides: dict | None = None) -> None:
+                 pattern: list[str] | None = None, layer_overrides: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.vocab_size, self.dim, self.max_seq_len = vocab_size, dim, max_seq_len
         self.tie_embeddings = tie_embeddings
         self.embed_scale = math.sqrt(dim) if scale_embeddings else 1.0
         self.final_softcap = final_softcap
         self.embed = nn.Embedding(vocab_size, dim)
-        self.decoder = parts.stack(dict(
-            dim=dim, layers=layers, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
-            norm=norm, placement=placement, residual=residual, mixer=mixer, embed_norm=embed_norm,
-            dropout=dropout, layer_types=layer_types, pattern=pattern, layer_overrides=layer_overrides), causal=True)
+        self.decoder = parts.stack(stack_section(locals()), causal=True)
         self.lm_head = Linear(dim, vocab_size, bias=False)
-        init_weights(self, init_std, layers, residual_names=("out_proj", "down"))
+        init_weights(self, init_std, self.decoder.residual_branches)
         self.tie_weights()
 
     @classmethod
@@ -81,13 +79,13 @@ class DecoderLM(LanguageModel):
         """The most positions the position scheme can encode (a learned table), or None."""
         return self.decoder.position.max_positions
 
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
+    def new_cache(self, batch: int, max_len: int) -> DecodeCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_len`` tokens."""
         weight = self.embed.weight
         return self.decoder.new_cache(batch, max_len, device=weight.device, dtype=weight.dtype)
 
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
-                positions: Tensor | None = None, cache: KVCache | None = None,
+                positions: Tensor | None = None, cache: DecodeCache | None = None,
                 logits_to_keep: int = 0, targets: Tensor | None = None,
                 documents: Tensor | None = None) -> Tensor:
         """input_ids (B, T) -> logits (B, T, V) (the last ``logits_to_keep`` positions if > 0).

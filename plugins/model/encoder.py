@@ -4,11 +4,13 @@ tanh(W h_[CLS] + b), and an optional masked-LM head, LN(act(W h + b)) Eᵀ + b_V
 embedding E)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 import seqzoo
-from seqzoo.builder import Parts, check_layers
+from seqzoo.builder import Parts, check_layers, stack_section
 from seqzoo.interfaces import MaskedLanguageModel
 from seqzoo.nn.attention import AttentionConfig
 from seqzoo.nn.blocks import Placement, Residual
@@ -47,20 +49,17 @@ class Encoder(MaskedLanguageModel):
                  dropout: Probability = 0.0, init_std: PositiveFloat = 0.02,
                  mixer: Spec["mixer"] | None = None, residual: Residual = "sequential",
                  layer_types: dict[str, dict] | None = None, pattern: list[str] | None = None,
-                 layer_overrides: dict | None = None, mlm_head: MaskedLMHeadConfig | None = None,
+                 layer_overrides: dict[str, Any] | None = None, mlm_head: MaskedLMHeadConfig | None = None,
                  padding_idx: NonNegativeInt | None = None) -> None:
         super().__init__()
         self.vocab_size, self.dim = vocab_size, dim
         self.padding_idx = padding_idx
         self.embed = nn.Embedding(vocab_size, dim)
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size else None
-        self.encoder = parts.stack(dict(
-            dim=dim, layers=layers, max_seq_len=max_seq_len, attention=attention, ffn=ffn, position=position,
-            norm=norm, placement=placement, residual=residual, mixer=mixer, embed_norm=embed_norm,
-            dropout=dropout, layer_types=layer_types, pattern=pattern, layer_overrides=layer_overrides), causal=False)
+        self.encoder = parts.stack(stack_section(locals()), causal=False)
         self.pooler = nn.Linear(dim, dim) if pooler else None
         self.mlm_head = MaskedLMHead.build(parts, dim, vocab_size, mlm_head, norm) if mlm_head is not None else None
-        init_weights(self, init_std, layers, residual_names=("out_proj", "down"))
+        init_weights(self, init_std, self.encoder.residual_branches)
 
     @property
     def has_mlm_head(self) -> bool:

@@ -13,7 +13,7 @@ from seqzoo.builder import Parts
 from seqzoo.interfaces import LanguageModel
 from seqzoo.nn.attention import AttentionConfig, check_attention
 from seqzoo.nn.blocks import Placement
-from seqzoo.nn.cache import KVCache
+from seqzoo.nn.cache import DecodeCache
 from seqzoo.nn.init import init_weights
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.losses import linear_cross_entropy
@@ -54,7 +54,7 @@ class EncoderDecoder(LanguageModel):
         self.encoder = parts.stack(section, layers_key="encoder_layers", causal=False)
         self.decoder = parts.stack(section, layers_key="decoder_layers", causal=True, cross=True)
         self.lm_head = Linear(dim, vocab_size, bias=False)
-        init_weights(self, init_std, encoder_layers + decoder_layers, residual_names=("out_proj", "down"))
+        init_weights(self, init_std, self.encoder.residual_branches + self.decoder.residual_branches)
         self.tie_weights()
 
     @classmethod
@@ -82,7 +82,7 @@ class EncoderDecoder(LanguageModel):
         return self.encoder(self._embed(src_ids), attention_mask=src_mask, positions=positions)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
-               cache: KVCache | None = None, logits_to_keep: int = 0,
+               cache: DecodeCache | None = None, logits_to_keep: int = 0,
                targets: Tensor | None = None) -> Tensor:
         """tgt_ids (B, T) against memory (B, S, C) -> logits (B, T, V), or with targets (B, T)
         the mean cross-entropy against them (see ``forward``)."""
@@ -102,7 +102,7 @@ class EncoderDecoder(LanguageModel):
         mean cross-entropy, with the LM head fused in (no (B, T, V) logits)."""
         return self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, targets=targets)
 
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
+    def new_cache(self, batch: int, max_len: int) -> DecodeCache:
         weight = self.embed.weight
         return self.decoder.new_cache(batch, max_len, device=weight.device, dtype=weight.dtype)
 

@@ -46,7 +46,7 @@ class RNNLM(LanguageModel):
         self.rnn = RecurrentStack(dim, hidden, parts.factory("cell", cell), layers=layers, dropout=dropout)
         outputs = vocab_size if head == "lm" else (num_classes or 1)
         self.head = Linear(hidden, outputs, bias=head != "lm")
-        init_weights(self, init_std, layers)
+        init_weights(self, init_std, branches=1)  # no residual stream
         self.tie_weights()
 
     @classmethod

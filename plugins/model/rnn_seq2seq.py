@@ -70,7 +70,7 @@ class RNNSeq2Seq(LanguageModel):
                                       dropout=dropout)
         self.readout = Linear(hidden + context + dim, dim)
         self.lm_head = Linear(dim, vocab_size, bias=False)
-        init_weights(self, init_std, layers)
+        init_weights(self, init_std, branches=1)  # no residual stream
         self.tie_weights()
         self.records_alignment = self.attention is not None  # last_alignment: (B, T, S), for the plots
 

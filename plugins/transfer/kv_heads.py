@@ -44,7 +44,7 @@ class KVHeadsTransfer(TransferRule):
         made = {}
         for i in range(old["layers"]):
             for part in ("weight", "bias"):
-                name = f"{block(i)}attn.qkv_proj.{part}"
+                name = f"{block(i)}mixer.qkv_proj.{part}"
                 if name not in old_state:
                     continue
                 q, k, v = old_state[name].split([heads * d, before * d, before * d])

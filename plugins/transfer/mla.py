@@ -119,7 +119,7 @@ class MLATransfer(TransferRule):
         self.kv, self.rope_key = [0.0, 0.0], [0.0, 0.0]  # (Σ dropped σ², Σ σ²), (pooling error², ‖k_pe‖²)
         made = {}
         for i in range(old["layers"]):
-            p = f"{block(i)}attn."
+            p = f"{block(i)}mixer."
             names = {part: f"{p}{part}.weight" for part in ("q_proj", "kv_a_proj", "kv_b_proj")}
             made.update({n: f"from {p}qkv_proj.weight: {how}" for n, how in zip(names.values(), (
                 "rows per head ordered [nope | rope]",

@@ -36,7 +36,7 @@ LLAMA_DEFAULTS: dict[str, Any] = {
     "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
     "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02}
 #: Each layer's norms before the attention and the MLP: seqzoo name -> HF name under ``model.layers.i.``.
-PRE_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+PRE_NORMS = {"mixer_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 #: The MLP's projections: seqzoo name -> HF name.
 MLP = {"ffn.gate": "mlp.gate_proj", "ffn.up": "mlp.up_proj", "ffn.down": "mlp.down_proj"}
 
@@ -171,11 +171,11 @@ class DecoderConverter(CausalLMConverter):
             b, h = f"decoder.blocks.{i}.", f"model.layers.{i}."
             rules += renamed(b, h, f.norms, False)
             if f.qk_norm_scope is not None:
-                rules += renamed(b, h, {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}, False)
+                rules += renamed(b, h, {"mixer.q_norm": "self_attn.q_norm", "mixer.k_norm": "self_attn.k_norm"}, False)
             for part in ("weight", "bias") if qkv_bias else ("weight",):
                 sources = tuple(f"{h}self_attn.{x}_proj.{part}" for x in "qkv")
-                rules.append(fused(f"{b}attn.qkv_proj.{part}", sources, (q, kv, kv)))
-            rules += linear(b + "attn.out_proj", h + "self_attn.o_proj", out_bias)
+                rules.append(fused(f"{b}mixer.qkv_proj.{part}", sources, (q, kv, kv)))
+            rules += linear(b + "mixer.out_proj", h + "self_attn.o_proj", out_bias)
             rules += self.mlp_rules(b, h, mlp_bias)
         return rules + self.ends(recipe, "model.norm", False)
 
@@ -204,7 +204,7 @@ class DecoderConverter(CausalLMConverter):
 
     def hf_config(self, model: nn.Module) -> dict:
         m = self.export_view(model.recipe)["model"]
-        attn = model.decoder.blocks[0].attn
+        attn = model.decoder.blocks[0].mixer
         act, _ = ffn_activation(m["ffn"], "gelu_pytorch_tanh")
         return {"vocab_size": m["vocab_size"], "hidden_size": m["dim"],
                 "intermediate_size": m["ffn"].get("hidden") or model.decoder.blocks[0].ffn.hidden,

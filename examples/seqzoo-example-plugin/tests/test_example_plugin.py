@@ -75,7 +75,7 @@ def test_mingru_step_matches_the_paper_formula():
 
 def test_causal_conv_matches_the_formula_and_decodes_from_its_last_inputs():
     from seqzoo.nn.attention import self_attention_inputs
-    from seqzoo.nn.cache import KVCache
+    from seqzoo.nn.cache import DecodeCache
 
     mixer = seqzoo.registry().create("mixer", {"kind": "causal_conv", "kernel": 3, "activation": "none"}, 4)
     none = seqzoo.registry().create("position", "none", 4, 4, 1, 16)
@@ -86,7 +86,7 @@ def test_causal_conv_matches_the_formula_and_decodes_from_its_last_inputs():
         w, padded = mixer.weight[:, 0], torch.cat([torch.zeros(2, 2, 4), x], dim=1)
         u = sum(w[:, 2 - i] * padded[:, 2 - i:2 - i + 6] for i in range(3)) + mixer.bias
         torch.testing.assert_close(out, mixer.out_proj(u))
-        cache = KVCache([mixer.new_state(2, 6)], 2, 6)
+        cache = DecodeCache([mixer.new_state(2, 6)], 2, 6)
         mixer(x[:, :4], self_attention_inputs(none, torch.arange(4)[None], causal=True, cache=cache),
               cache.states[0])
     torch.testing.assert_close(cache.states[0].buffer, x[:, 2:4])  # the state: the last k − 1 inputs

@@ -52,7 +52,7 @@ def test_post_norm_block_matches_bert_layer_formula(bert):
     x = torch.randn(2, 5, 64)
     inputs = self_attention_inputs(bert.encoder.position, torch.arange(5)[None], causal=False)
     with torch.no_grad():
-        h = block.attn_norm(x + block.attn(x, inputs))
+        h = block.mixer_norm(x + block.mixer(x, inputs))
         expected = block.ffn_norm(h + block.ffn(h))
         torch.testing.assert_close(block(x, inputs), expected)
 
