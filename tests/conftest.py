@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import random
+import tempfile
 
 import pytest
 import torch
@@ -10,6 +12,12 @@ import torch
 import seqzoo
 
 registry_module = importlib.import_module("seqzoo.registry")  # the attribute seqzoo.registry is the function
+
+
+def pytest_configure(config):
+    """Machine measurements (the MFU peak) are cached in a folder of the test session's own, so
+    the suite neither reads nor writes the user's cache (subprocesses inherit the variable)."""
+    os.environ["SEQZOO_CACHE_DIR"] = tempfile.mkdtemp(prefix="seqzoo-test-cache-")
 
 
 @pytest.fixture(autouse=True)

@@ -74,7 +74,7 @@ def test_failed_save_keeps_the_previous_file(tmp_path, tiny_gpt, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(seqzoo.io.checkpoint, "save_file", disk_full)
+    monkeypatch.setattr(seqzoo.io.tensorfile, "write", disk_full)
     with pytest.raises(seqzoo.CheckpointError, match="could not save \\(No space left on device\\); the previous "
                                                      "file is intact"):
         seqzoo.save(tiny_gpt, path)

@@ -4,6 +4,7 @@ refusals made before anything trains."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -89,6 +90,30 @@ def test_different_tokenizers_are_refused_before_anything_trains(data, tmp_path)
     with pytest.raises(CompareError, match=r"gpt and other have different tokenizers \(bytes and hf\)"):
         plan([Arm("gpt", "tiny-gpt"), other], tmp_path / "out", steps=2, data=data, overrides=SMALL)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_data_window_defaults_to_what_the_model_allows(data, tmp_path):
+    """--data on recipes whose models take 48 positions: the tokens task's window is 48, not its
+    default 256 (which a learned table of 48 rows could not read)."""
+    small = [o for o in SMALL if not o.startswith("train.task.seq_len")] + ["model.max_seq_len=48"]
+    comparison = plan([Arm("a", "tiny-gpt"), Arm("b", "tiny-llama")], tmp_path, steps=2, data=data, overrides=small)
+    assert {run.recipe["train"]["task"]["seq_len"] for run in comparison.runs} == {48}
+    roomy = plan([Arm("a", "tiny-gpt")], tmp_path / "roomy", steps=2, data=data,
+                 overrides=[o for o in small if "max_seq_len" not in o] + ["model.max_seq_len=1024"])
+    assert roomy.runs[0].recipe["train"]["task"]["seq_len"] == 256  # the task's own default
+    out = tmp_path / "m.safetensors"  # seqzoo train --data likewise
+    assert main(["train", "tiny-gpt", "--data", data, "-o", str(out), "--quiet", "--set", "train.steps=1",
+                 *[item for o in small for item in ("--set", o)]]) == 0
+    assert seqzoo.load(out).recipe["train"]["task"]["seq_len"] == 48
+
+
+def test_without_matplotlib_compare_says_which_figures_it_skipped(data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as in an install without seqzoo[plot]
+    out = tmp_path / "cmp"
+    assert main(["compare", "tiny-gpt", "--data", data, "--steps", "2", "-o", str(out), *args()]) == 0
+    err = capsys.readouterr().err
+    assert "seqzoo: note: no loss curves drawn: matplotlib is not installed" in err
+    assert "pip install 'seqzoo[plot]'" in err and not list(out.glob("*.png"))
 
 
 def test_a_budget_under_one_step_is_refused(data, tmp_path, capsys):

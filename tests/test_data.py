@@ -117,6 +117,21 @@ def test_prepare_is_deterministic_with_or_without_workers_and_a_rerun_does_nothi
     assert "nothing to do" not in capsys.readouterr().out
 
 
+def test_the_progress_line_ends_at_the_files_size_whatever_the_text_decodes_to(tmp_path, capsys):
+    """CRLF lines decode shorter than the file and undecodable bytes longer (each becomes U+FFFD,
+    three UTF-8 bytes): the count stays within the total and ends exactly on it."""
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"\xff\xfe bad bytes \xc3\x28\n" * 400)  # longer once decoded
+    (src / "b.txt").write_bytes(b"windows line\r\n" * 400)  # shorter once decoded
+    size = sum(f.stat().st_size for f in src.iterdir())
+    assert main(["data", "prepare", str(src), "-o", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().err.splitlines()  # B 1,234/12,000 (10%) · docs=... when not on a terminal
+    counts = [word for line in lines for word in line.split()[1:2] if "/" in word]
+    done = [int(c.split("/")[0].replace(",", "")) for c in counts]
+    assert counts and counts[-1] == f"{size:,}/{size:,}" and max(done) <= size, counts
+
+
 def test_a_prepare_killed_midway_leaves_no_manifest(tmp_path, monkeypatch):
     import seqzoo.data.prepare as module
 

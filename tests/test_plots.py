@@ -13,7 +13,7 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.lab.plots import PlotError, attention_panels, metric_series, record_attention
+from seqzoo.lab.plots import PlotError, attention_panels, load_metrics, metric_series, record_attention
 from seqzoo.lab.positions import absolute_table, bias_by_distance, describe_position, rotary_wavelengths
 
 pytest.importorskip("matplotlib")
@@ -80,6 +80,22 @@ def test_plot_without_accuracy_draws_two_panels(tmp_path):
     path.write_text(json.dumps({"history": [{"step": 1, "loss": 3.0, "lr": 1e-3}], "eval": {"loss": 3.0}}))
     assert main(["plot", str(path)]) == 0  # default output: text.png beside it
     assert 700 <= png_size(tmp_path / "text.png")[1] < 1000
+
+
+def test_plot_reads_the_json_lines_that_train_writes(tmp_path):
+    """``seqzoo train`` logs a history entry a line as it goes (``NAME.metrics.jsonl``), the last
+    one with the final evaluation; plot reads that file as it reads ``--metrics``."""
+    out = tmp_path / "m.safetensors"
+    assert main(["train", "tiny-gpt", "-o", str(out), "--set", "train.steps=4", "--set", "train.log_every=2",
+                 "--quiet"]) == 0
+    log = tmp_path / "m.metrics.jsonl"
+    metrics = load_metrics(log)
+    assert [e["step"] for e in metrics["history"]] == [2, 4] and "accuracy" in metrics["eval"]
+    assert main(["plot", str(log), "-o", str(tmp_path / "c.png")]) == 0
+    bad = tmp_path / "bad.metrics.jsonl"
+    bad.write_text(log.read_text() + "{broken\n")
+    with pytest.raises(seqzoo.InputError, match=r"bad\.metrics\.jsonl:3: not a JSON line"):
+        load_metrics(bad)
 
 
 def test_plot_of_a_missing_metrics_file_exits_2(tmp_path, capsys):

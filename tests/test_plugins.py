@@ -357,16 +357,15 @@ def test_broken_plugin_is_an_error_when_strict(site, monkeypatch, capsys):
                    "boom"]
 
 
-def test_broken_cli_plugin_is_reported_and_skipped(tmp_path, fresh, capsys):
+def test_a_plugin_named_with_plugin_that_does_not_load_is_an_error(tmp_path, fresh, capsys):
+    """The user asked for it: running without it would quietly do less than asked."""
     path = write_plugin(tmp_path, HOOK_RAISES)
     fresh()
-    assert main(["--plugin", str(path), "list", "norm"]) == 0
-    assert "seqzoo_components() raised ValueError: boom" in one_warning(capsys.readouterr().err)
-
-
-def test_broken_cli_plugin_exits_2_when_strict(tmp_path, fresh, monkeypatch, capsys):
+    assert main(["--plugin", str(path), "list", "norm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("seqzoo: error:")
+    assert "seqzoo_components() raised ValueError: boom" in err[0]
     fresh()
-    monkeypatch.setenv("SEQZOO_STRICT_PLUGINS", "1")
     assert main(["--plugin", str(tmp_path / "missing.py"), "list"]) == 2
     assert "missing.py: no such file" in capsys.readouterr().err
 
@@ -574,6 +573,19 @@ def test_load_names_the_distribution_when_its_plugin_is_missing(site, fresh, tmp
                                  r"seqzoo-acme 1\.2\.0, which is not installed here; pip install "
                                  r"'seqzoo-acme==1\.2\.0'$"):
             seqzoo.load(path)
+
+
+def test_load_says_the_plugin_is_turned_off_when_it_is_installed_but_disabled(site, fresh, tmp_path, monkeypatch):
+    site(GOOD, dist="seqzoo-acme", version="1.2.0", entry="acme")
+    fresh()
+    path = seqzoo.save(seqzoo.build(with_score("manhattan"), device="cpu"), tmp_path / "m.safetensors")
+    monkeypatch.setenv("SEQZOO_DISABLE_PLUGINS", "1")
+    fresh()
+    with pytest.raises(seqzoo.CheckpointError,
+                       match=r"score 'manhattan' comes from seqzoo-acme 1\.2\.0, which is installed here but turned "
+                             r"off by SEQZOO_DISABLE_PLUGINS; unset it \(or take acme out of it\)") as caught:
+        seqzoo.load(path)
+    assert "pip install" not in str(caught.value)
 
 
 def test_load_of_a_missing_plugin_gives_the_recipes_own_requirement(site, fresh, tmp_path):

@@ -92,3 +92,31 @@ def _cmd_export(args) -> int:
     before, after = os.path.getsize(args.checkpoint), os.path.getsize(args.output)
     print(f"wrote {args.output}: weights only, {after / 2**20:.1f} MiB (from {before / 2**20:.1f} MiB)")
     return 0
+
+
+
+def refuse_to_replace(path: str, *, force: bool, option: str = "-o", resumable: bool = False) -> None:
+    """Refuse to write over an existing file at ``path`` unless ``force``: the refusal says what the
+    file holds (the model, and for a training checkpoint how far its run got) and the ways out.
+    ``resumable``: the command can continue the run saved there instead (``train --resume``)."""
+    if force or not os.path.exists(path):
+        return
+    from ..errors import SeqzooError
+
+    try:
+        s = checkpoint_summary(path)
+    except SeqzooError:
+        s = None
+    ways = f"add --force to replace it, or write elsewhere with {option} OTHER"
+    if s is None:
+        held = "a file that is not a seqzoo checkpoint"
+    elif s["training"] is None:
+        held = f"a {s['model']} with {s['parameters']:,} parameters (weights only)"
+    else:
+        t = s["training"]
+        task = t["task"]["kind"] if isinstance(t["task"], dict) else t["task"]
+        of = f" of {t['steps']:,}" if t["steps"] else ""
+        held = f"a {s['model']} with {s['parameters']:,} parameters, trained {t['step']:,}{of} steps on {task}"
+        if resumable:
+            ways = f"continue that run with --resume {path}, or " + ways
+    raise InputError(f"{option} {path}: the file already holds {held}; {ways}")

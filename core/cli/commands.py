@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import itertools
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -13,7 +15,9 @@ from collections.abc import Sequence
 import yaml
 
 from ..errors import InputError, RegistryError, SeqzooError, TrainingInterrupted, unknown_name
+from .checkpoints import refuse_to_replace
 from .describe import describe
+from .options import add_set
 
 EXIT_BAD_INPUT = 2
 EXIT_CHECK_FAILED = 1
@@ -45,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     add = lambda name, **kw: commands.add_parser(name, parents=[common], **kw)  # noqa: E731
 
     p = add("list", help="list registered components: kind, name, summary, origin (with KIND NAME: "
-                         "one component in full)")
-    p.add_argument("kind", nargs="?", help="only this kind (score, position, norm, ffn, ...)")
+                         "one component in full); `list recipes`: the shipped recipes with their sizes")
+    p.add_argument("kind", nargs="?", help="only this kind (score, position, norm, ffn, ...), or recipes")
     p.add_argument("name", nargs="?", help="show this component in full: parameters with types and "
                                            "defaults, aliases, origin, docstring")
 
@@ -61,12 +65,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("show", help="print a resolved recipe, its parameter count and module tree")
     p.add_argument("recipe", help="recipe path or shipped recipe name")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set(p)
 
     p = add("build", help="build a model from a recipe and save it")
     p.add_argument("recipe", help="recipe path or shipped recipe name")
     p.add_argument("-o", "--output", help="checkpoint to write (.safetensors)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--force", action="store_true", help="replace the -o file if it exists (it is refused otherwise)")
+    add_set(p)
     p.add_argument("--seed", type=int, default=0, help="seed for the random initialisation (0)")
 
     p = add("generate", help="continue a prompt with a saved model")
@@ -94,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_list(args) -> int:
     from ..registry import registry
 
+    if args.kind == "recipes" and args.name is None:
+        return _list_recipes()
     reg = registry()
     if args.kind is not None and args.kind not in reg.kinds():
         raise RegistryError(unknown_name("component kind", args.kind, reg.kinds()))
@@ -104,6 +111,29 @@ def _cmd_list(args) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(2)] if rows else [0, 0]
     for kind, name, summary, origin in rows:
         print(f"{kind:<{widths[0]}}  {name:<{widths[1]}}  {summary}  [{origin}]")
+    return 0
+
+
+def _list_recipes() -> int:
+    """The shipped recipes: name, model kind, parameters (counted on the meta device, nothing
+    allocated) and the first line of the recipe's own description."""
+    import importlib.resources
+
+    from ..io.build import build
+    from ..recipe import shipped_recipes
+
+    rows = []
+    for name in shipped_recipes():
+        text = (importlib.resources.files("seqzoo.recipes") / f"{name}.yaml").read_text(encoding="utf-8")
+        lines = iter(text.splitlines())
+        comment = itertools.takewhile(lambda line: line.startswith("#"), lines)
+        about = " ".join(line.lstrip("# ").strip() for line in comment)
+        about = re.split(r": |\.\s+(?=[A-Z])", about)[0].rstrip(".")  # its first clause
+        model = build(name, device="meta")
+        rows.append((name, model.recipe["model"]["kind"], f"{_count(model):,}", about))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for name, kind, count, about in rows:
+        print(f"{name:<{widths[0]}}  {kind:<{widths[1]}}  {count:>{widths[2]}}  {about}")
     return 0
 
 
@@ -215,6 +245,8 @@ def _cmd_build(args) -> int:
     from ..io.build import build
     from ..io.checkpoint import save
 
+    if args.output:  # before any work: never replace a trained checkpoint with random weights unasked
+        refuse_to_replace(args.output, force=args.force)
     torch.manual_seed(args.seed)
     model = build(args.recipe, args.overrides)
     total = _count(model)
@@ -272,16 +304,12 @@ COMMANDS = {"list": _cmd_list, "plugins": _cmd_plugins, "check": _cmd_check, "sh
 
 
 def _load_plugins(refs: list[str]) -> None:
-    """Load each ``--plugin``; one that fails is reported and skipped (an error when strict)."""
-    from ..registry import load_plugin, strict
+    """Load each ``--plugin``: one the user named and that does not load is an error (exit 2), as
+    the command would otherwise run without what it was asked to use."""
+    from ..registry import load_plugin
 
     for ref in refs:
-        try:
-            load_plugin(ref)
-        except RegistryError as error:
-            if strict():
-                raise
-            print(f"seqzoo: warning: {error}", file=sys.stderr)
+        load_plugin(ref)
 
 
 def _own_folders() -> tuple[str, ...]:

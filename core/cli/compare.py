@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import InputError
+from .options import add_set
 
 
 def register_cli(add) -> dict:
@@ -20,8 +21,7 @@ def register_cli(add) -> dict:
                    help="solve each model's FFN width to the first recipe's parameter count")
     p.add_argument("--workers", type=int, default=1, metavar="K", help="runs at a time, each a process (1)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads per run (default: the cores / K)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="an override for every recipe (repeatable)")
+    add_set(p, "an override for every recipe, KEY.PATH=VALUE with the value read as YAML (repeatable)")
     p.add_argument("-o", "--output", default="compare", metavar="OUT",
                    help="folder for the runs, results.json, results.md and the figures (compare)")
     return {"compare": _cmd_compare}
@@ -54,4 +54,7 @@ def _cmd_compare(args) -> int:
     print(markdown(results))
     written = ", ".join([f"{args.output}/results.json", f"{args.output}/results.md", *results["figures"]])
     print(f"\nwrote {written}")
+    if "figures_skipped" in results:  # the README promises loss curves: never drop them unsaid
+        print(f"seqzoo: note: no loss curves drawn: {results['figures_skipped']}; then run the same command "
+              f"again (the finished runs are kept, only the table and figures are redone)", file=sys.stderr)
     return 0

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..errors import InputError
+from .options import add_set
 
 
 def register_cli(add) -> dict:
@@ -27,7 +28,7 @@ def register_cli(add) -> dict:
     p = add("positions", help="what a recipe's position scheme does (RoPE wavelengths, bias per distance, tables)")
     p.add_argument("recipe", help="recipe path or shipped name, or a checkpoint (trained tables)")
     p.add_argument("-o", "--output", default="positions.png", help="PNG to write (positions.png)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set(p)
     p.add_argument("--length", type=int, help="positions / distances to show (default from the recipe)")
 
     p = add("experiment", help="run an experiment: extrapolation, seq2seq-attention, vanishing-gradients, "

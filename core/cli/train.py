@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from ..errors import CheckpointError, InputError
 from ..files import write_text_atomic
 from ..schema import dotted
 from ..schema import instantiate as instantiate_section
+from .checkpoints import refuse_to_replace
+from .options import add_set
 
 
 def register_cli(add) -> dict:
@@ -18,8 +21,10 @@ def register_cli(add) -> dict:
     p.add_argument("recipe", nargs="?",
                    help="recipe path or shipped recipe name (with --resume or --init: the checkpoint's "
                         "own recipe when omitted)")
-    p.add_argument("-o", "--output", help="checkpoint to write (.safetensors), resumable")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("-o", "--output", help="checkpoint to write (.safetensors), resumable (default: "
+                                          "runs/RECIPE.safetensors, or RECIPE-2, -3, ... when that is taken)")
+    p.add_argument("--force", action="store_true", help="replace the -o file if it exists (it is refused otherwise)")
+    add_set(p)
     p.add_argument("--metrics", metavar="FILE.json", help="write the loss history and evaluation here")
     start = p.add_mutually_exclusive_group()
     start.add_argument("--resume", metavar="CKPT", help="continue the run saved in this checkpoint")
@@ -100,6 +105,22 @@ def _init_from(model, checkpoint: str) -> None:
         model.tokenizer_state = metadata["seqzoo.tokenizer"]
 
 
+#: Where ``seqzoo train`` saves a run given no -o.
+RUNS = "runs"
+
+
+def default_output(recipe: str) -> str:
+    """``runs/NAME.safetensors`` for a recipe path or shipped name (a checkpoint: its stem), or the
+    first of ``runs/NAME-2.safetensors``, ``-3``, ... that does not exist yet."""
+    name = Path(recipe).name
+    for suffix in (".safetensors", ".yaml", ".yml"):
+        name = name.removesuffix(suffix)
+    candidate, number = Path(RUNS) / f"{name}.safetensors", 2
+    while candidate.exists():
+        candidate, number = Path(RUNS) / f"{name}-{number}.safetensors", number + 1
+    return str(candidate)
+
+
 def _cmd_train(args) -> int:
     import torch
 
@@ -108,13 +129,19 @@ def _cmd_train(args) -> int:
     from ..io.checkpoint import load, read_metadata, read_recipe
     from ..recipe import resolve
     from ..registry import tokenizer
-    from ..train.token_batches import data_override
+    from ..train.token_batches import data_override, fit_window
     from ..train.training import Distributed, TrainConfig, check_resumable, held_out_summary, train
 
     checkpoint = args.resume or args.init
     if args.recipe is None and checkpoint is None:
         raise InputError("seqzoo train: give a recipe (a path or a shipped name such as tiny-gpt), or "
                          "--resume/--init CKPT to use a checkpoint's own recipe")
+    # A resumed run writes back to the checkpoint it resumed unless -o says otherwise, and a run
+    # without -o still ends somewhere (as HF's Trainer has its output_dir, litgpt its out_dir):
+    # work is never dropped because an option was left out, nor written over unasked.
+    output = args.output or args.resume or default_output(args.recipe or checkpoint)
+    if output != args.resume:
+        refuse_to_replace(output, force=args.force, resumable=True)
     source = args.recipe if args.recipe is not None else read_recipe(checkpoint)
     label = None if args.recipe is not None else checkpoint
     overrides = list(args.overrides)
@@ -124,6 +151,10 @@ def _cmd_train(args) -> int:
     if resolved.data["train"] is None:  # no train: section — the defaults, recorded in the recipe
         overrides.insert(0, "train={}")
         resolved = resolve(source, overrides, label=label)
+    if args.data is not None:
+        fitted = fit_window(resolved.data, args.overrides)
+        if fitted:
+            resolved = resolve(source, overrides + fitted, label=label)
     apply_threads(args.threads if args.threads is not None else resolved.data["runtime"].get("threads"))
     config = instantiate_section(resolved.data["train"], TrainConfig)  # nested sections (lora) as dataclasses
     if args.until is not None and args.until < 1:
@@ -150,9 +181,8 @@ def _cmd_train(args) -> int:
                     raise
                 raise resolved.error(("train", "init"), str(error)) from None
             print(f"init: weights and tokenizer from {init}", file=sys.stderr)
-    # A resumed run writes back to the checkpoint it resumed unless -o says otherwise: work is
-    # never dropped because the output was not repeated.
-    output = args.output or args.resume
+    if output != args.resume and not args.output:
+        os.makedirs(os.path.dirname(output), exist_ok=True)
     result = train(model, config, tokenizer(model), output=output, resume=args.resume, until=args.until,
                    quiet=args.quiet, compile=resolved.data["runtime"]["compile"], log_dir=args.log_dir,
                    weights_only=args.weights_only)
@@ -168,6 +198,8 @@ def _cmd_train(args) -> int:
         what = "weights only" if args.weights_only else "resumable"
         command = "fill-mask" if isinstance(model, MaskedLanguageModel) else "generate"
         option = "--text" if command == "fill-mask" else "--prompt"
-        print(f"saved {output} ({what}); try it:\n  seqzoo {command} {shlex.quote(output)} "
+        # The plugins this run was given are needed to load what it saved.
+        plugins = "".join(f" --plugin {shlex.quote(p)}" for p in [*args.plugins, *(args.plugins_after or [])])
+        print(f"saved {output} ({what}); try it:\n  seqzoo{plugins} {command} {shlex.quote(output)} "
               f"{option} {shlex.quote(result.example_prompt)}")
     return 0

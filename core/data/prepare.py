@@ -132,6 +132,15 @@ def prepare(arguments: list[str], output: str | Path, tokenizer: TokenizerInfo, 
         _start_worker(tok, name)
     in_flight: collections.deque = collections.deque()
     limit = 2 * (pool._max_workers if pool is not None else 1)
+    # The bar's total is the files' size; the texts' UTF-8 bytes differ from it (CRLF read as LF,
+    # undecodable bytes replaced), so the count is held within the total and completed at the end.
+    counted = 0
+
+    def advance(count: int) -> None:
+        nonlocal counted
+        count = count if total_bytes is None else max(0, min(count, total_bytes - counted))
+        counted += count
+        bar.update(count)
 
     def drain(keep: int) -> None:
         while len(in_flight) > keep:
@@ -139,7 +148,7 @@ def prepare(arguments: list[str], output: str | Path, tokenizer: TokenizerInfo, 
             arrays, text_bytes = future.result() if pool is not None else future
             writer.write(items, arrays, text_bytes)
             if bar is not None:
-                bar.update(sum(text_bytes))
+                advance(sum(text_bytes))
                 bar.set_postfix(docs=f"{writer.documents:,}", tokens=f"{writer.tokens:,}")
 
     try:
@@ -168,6 +177,8 @@ def prepare(arguments: list[str], output: str | Path, tokenizer: TokenizerInfo, 
         if texts:
             submit()
         drain(0)
+        if bar is not None and total_bytes is not None:
+            advance(total_bytes - counted)  # every byte of the files was read
     except BaseException:
         writer.abandon()
         raise

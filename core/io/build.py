@@ -48,7 +48,10 @@ def build(recipe: str | os.PathLike | dict, overrides: list[str] | None = None,
 
 
 def instantiate(resolved: Resolved, device: str | torch.device | None = None,
-                dtype: str | torch.dtype | None = None) -> nn.Module:
+                dtype: str | torch.dtype | None = None, *, initialise: bool = True) -> nn.Module:
+    """The model of a validated recipe. ``initialise=False`` skips the random initialisation of
+    the parameters (their values are about to be loaded from a checkpoint); everything else a
+    constructor computes, buffers included, is computed as usual."""
     data = resolved.data
     runtime = data["runtime"]
     target = device if isinstance(device, torch.device) else pick_device(device or runtime["device"])
@@ -65,13 +68,16 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
     parts = Parts(components)
     try:
         if target.type != "meta":
-            with torch.device("meta"), SkipMetaInit():  # the structure alone, to refuse what cannot fit
+            with torch.device("meta"), SkipInit():  # the structure alone, to refuse what cannot fit
                 check_fits(call_with(component.cls, params, parts), torch_dtype, target)
-        with target, SkipMetaInit() if target.type == "meta" else contextlib.nullcontext():
+        # On the target device and in the target dtype from the start (mamba_ssm's factory_kwargs):
+        # a bfloat16 model never exists in float32, so building one costs its own size, not 3×.
+        skip = SkipInit() if target.type == "meta" or not initialise else contextlib.nullcontext()
+        with target, parameters_in(torch_dtype, keep_values=initialise), skip:
             model = call_with(component.cls, params, parts)
     except ConfigError as error:
         raise resolved.error(("model",), str(error)) from None
-    model.to(dtype=torch_dtype)
+    model.to(dtype=torch_dtype)  # the buffers (built in float32, as the code that fills them expects)
     if isinstance(model, LanguageModel):  # .to() keeps ties, but a plugin may rebuild its head
         model.tie_weights()
     model.recipe = data
@@ -79,11 +85,13 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
     return model
 
 
-class SkipMetaInit(TorchFunctionMode):
-    """Random and constant initialisation of a meta tensor does nothing: it has no values. Skipping it
-    skips torch's Python meta kernels for ``normal_`` and ``uniform_``, whose first call imports
-    torch._dynamo (over a second): a structure-only build (``seqzoo show``, the size check before
-    every build) costs milliseconds instead."""
+class SkipInit(TorchFunctionMode):
+    """Random and constant initialisation of a parameter does nothing: a meta tensor has no values,
+    and a parameter about to be loaded from a checkpoint needs none. Skipping the fills of meta
+    tensors also skips torch's Python meta kernels for ``normal_`` and ``uniform_``, whose first
+    call imports torch._dynamo (over a second): a structure-only build (``seqzoo show``, the size
+    check before every build) costs milliseconds. Only parameters are skipped (and meta tensors):
+    a buffer's values come from its constructor alone."""
 
     FILLS = frozenset({"normal_", "uniform_", "trunc_normal_", "zeros_", "ones_", "constant_", "zero_", "fill_",
                        "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "orthogonal_"})
@@ -91,9 +99,32 @@ class SkipMetaInit(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         tensor = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
-        if isinstance(tensor, torch.Tensor) and tensor.is_meta and getattr(func, "__name__", "") in self.FILLS:
+        if (isinstance(tensor, torch.Tensor) and (tensor.is_meta or isinstance(tensor, nn.Parameter))
+                and getattr(func, "__name__", "") in self.FILLS):
             return tensor
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def parameters_in(dtype: torch.dtype, keep_values: bool = True):
+    """While building, every floating-point parameter is made in ``dtype`` as it is registered,
+    before its module initialises it: a constructor's ``torch.empty`` in float32 is never filled
+    (its pages are never touched), only its ``dtype`` copy is. ``keep_values=False`` (the values
+    are about to be loaded) makes the copy empty: nothing is converted at all. Buffers keep the
+    dtype their constructor gives them (``.to(dtype)`` casts them once the model is built), so
+    tables such as RoPE's frequencies are computed in float32 as before."""
+    def cast(module: nn.Module, name: str, parameter: nn.Parameter | None) -> nn.Parameter | None:
+        if parameter is None or not parameter.is_floating_point() or parameter.dtype == dtype:
+            return None
+        data = parameter.detach()
+        data = data.to(dtype) if keep_values else torch.empty_like(data, dtype=dtype)
+        return nn.Parameter(data, requires_grad=parameter.requires_grad)
+
+    handle = nn.modules.module.register_module_parameter_registration_hook(cast)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def available_memory(device: torch.device) -> int | None:

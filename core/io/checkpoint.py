@@ -18,8 +18,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save as serialize
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ..errors import CheckpointError, RecipeError, RegistryError, SeqzooError, few, first_line
@@ -27,6 +25,7 @@ from ..files import FolderNotWritable, atomic_write
 from ..interfaces import Model
 from ..recipe import parse_requirement, resolve
 from ..registry import canonical_name, installed_version, registry, tokenizer
+from . import tensorfile
 from .build import instantiate, pick_device
 
 FORMAT = "1"
@@ -94,8 +93,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
     # atomic_write: a crash at any moment leaves either the old file or the complete new one, and
     # the file gets the umask's mode (0644), as open() would give it.
     try:
-        atomic_write(path, lambda tmp: save_file({k: v.cpu() for k, v in tensors.items()}, tmp,
-                                                 metadata=metadata))
+        atomic_write(path, lambda tmp: tensorfile.write(tmp, tensors, metadata))
     except FolderNotWritable as error:
         raise CheckpointError(f"{path}: cannot write in {folder} ({error.strerror or error})") from None
     except OSError as error:
@@ -192,7 +190,8 @@ def load(path: str | os.PathLike, device: str | torch.device | None = None) -> n
         device = pick_device(device)
     _check_provenance(path, metadata, recipe)
     try:
-        model = instantiate(resolve(recipe, label=str(path)), device=device)
+        # No random initialisation: every parameter is read from the file next.
+        model = instantiate(resolve(recipe, label=str(path)), device=device, initialise=False)
     except RecipeError as error:  # already names the checkpoint and the recipe key
         raise CheckpointError(str(error)) from None
     except SeqzooError as error:
@@ -206,26 +205,42 @@ def load(path: str | os.PathLike, device: str | torch.device | None = None) -> n
 
 def load_weights(model: nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None,
                  *, same_dtype: bool = True) -> None:
-    """Copy the weights stored at ``path`` into ``model`` (moved to its device); a CheckpointError
-    names every missing, unexpected or mis-shaped tensor first. ``same_dtype``: a stored dtype
-    other than the model's is an error (``load``: the file was altered), else a cast (``--init``
-    of a float32 run from bfloat16 weights)."""
+    """Read the weights stored at ``path`` into ``model``'s own tensors, one at a time (no second
+    copy of the model in memory), checking each against its checksum when the file has them; a
+    CheckpointError names every missing, unexpected or mis-shaped tensor first, or the damaged
+    one. ``same_dtype``: a stored dtype other than the model's is an error (``load``: the file
+    was altered), else a cast (``--init`` of a float32 run from bfloat16 weights)."""
     metadata = read_metadata(path) if metadata is None else metadata
     try:
         tied = json.loads(metadata.get("seqzoo.tied", "{}"))
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: corrupt seqzoo metadata ({error})") from None
-    target = next((p.device for p in model.parameters()), torch.device("cpu"))
-    with safe_open(str(path), framework="pt", device="cpu") as handle:
-        stored = {upgrade_name(name): handle.get_tensor(name) for name in handle.keys()
-                  if not name.startswith(EXTRA_PREFIX)}
-    for name, source in tied.items():
-        if upgrade_name(source) in stored:
-            stored[upgrade_name(name)] = stored[upgrade_name(source)]
-    _check_tensors(path, model.state_dict(), stored, same_dtype=same_dtype)
+    reader = _reader(path)
+    names = {upgrade_name(name): name for name in reader.names() if not name.startswith(EXTRA_PREFIX)}
+    stored = {new: torch.empty(reader.shape(old), dtype=reader.dtype(old), device="meta") for new, old in names.items()}
+    tied = {upgrade_name(name): upgrade_name(source) for name, source in tied.items()}
+    stored.update({name: stored[source] for name, source in tied.items() if source in stored})
+    state = model.state_dict()
+    _check_tensors(path, state, stored, same_dtype=same_dtype)
     with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            tensor.copy_(stored[name].to(device=target, dtype=tensor.dtype))
+        _read(reader, path, ((names[name], state[name]) for name in names))
+        for name, source in tied.items():  # a tie the model does not share (to_empty unties)
+            if state[name].data_ptr() != state[source].data_ptr():
+                state[name].copy_(state[source])
+
+
+def _reader(path: str | os.PathLike) -> tensorfile.Reader:
+    try:
+        return tensorfile.Reader(path)
+    except tensorfile.DamagedFile as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def _read(reader: tensorfile.Reader, path, targets) -> None:
+    try:
+        reader.read_into(targets)
+    except tensorfile.DamagedFile as error:
+        raise CheckpointError(f"{path}: {error}; restore it from a copy, or save it again") from None
 
 
 class ProvenanceWarning(UserWarning):
@@ -280,6 +295,13 @@ def _check_provenance(path, metadata: dict[str, str], recipe: dict) -> None:
         try:
             now = reg.get(kind, name)
         except RegistryError:
+            disabled = next((p for p in reg.plugins.values() if p.status == "disabled" and dist
+                             and canonical_name(p.distribution) == canonical_name(dist)), None)
+            if disabled is not None:  # installed: what is missing is the permission to load it
+                raise CheckpointError(
+                    f"{path}: recipe key {key}: {kind} {name!r} comes from {was}, which is installed here but "
+                    f"turned off by SEQZOO_DISABLE_PLUGINS; unset it (or take {disabled.name} out of it) to load "
+                    f"this checkpoint") from None
             if not dist:
                 state = "not loaded here"
             elif installed_version(dist) is not None:
@@ -302,10 +324,11 @@ def _check_provenance(path, metadata: dict[str, str], recipe: dict) -> None:
 def read_extras(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
     """The metadata and the ``extra_tensors`` (prefix removed) that ``save`` stored at ``path``."""
     metadata = read_metadata(path)
-    with safe_open(str(path), framework="pt", device="cpu") as handle:
-        extras = {name[len(EXTRA_PREFIX):]: handle.get_tensor(name)
-                  for name in handle.keys() if name.startswith(EXTRA_PREFIX)}
-    return metadata, extras
+    reader = _reader(path)
+    extras = {name: torch.empty(reader.shape(name), dtype=reader.dtype(name))
+              for name in reader.names() if name.startswith(EXTRA_PREFIX)}
+    _read(reader, path, extras.items())
+    return metadata, {name[len(EXTRA_PREFIX):]: tensor for name, tensor in extras.items()}
 
 
 def _check_tensors(path, expected: dict[str, Tensor], stored: dict[str, Tensor], *,
@@ -346,8 +369,7 @@ def check_can_save(path: str | os.PathLike) -> None:
         raise CheckpointError(f"{path}: cannot write in {folder} (permission denied); pick a writable "
                               f"folder for the output")
     try:
-        serialize({"probe": torch.zeros(1)})
-    except ImportError as error:
-        raise CheckpointError(f"cannot save checkpoints here: safetensors needs {error.name or 'numpy'} to "
-                              f"save torch tensors and it is not installed (pip install "
-                              f"'safetensors[torch]')") from None
+        tensorfile.digest(torch.zeros(1))  # the writer hands tensors' bytes over through numpy
+    except (ImportError, RuntimeError):
+        raise CheckpointError("cannot save checkpoints here: safetensors needs numpy to save torch tensors and "
+                              "it is not installed (pip install 'safetensors[torch]')") from None

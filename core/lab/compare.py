@@ -36,8 +36,9 @@ from ..interfaces import TokenTask
 from ..io.build import instantiate
 from ..recipe import resolve
 from ..registry import registry, tokenizer
-from ..train.token_batches import data_override
+from ..train.token_batches import data_override, fit_window
 from .measure import match_parameters, non_embedding_parameters, parameters
+from .plots import PlotError
 
 
 class CompareError(SeqzooError):
@@ -107,7 +108,10 @@ def plan(arms: list[Arm], output: str | Path, *, steps: int | None = None, token
         first = ["train={}"] if base is None else []  # a recipe without train: gets the defaults
         if data is not None:  # before the overrides, which may set the data task's own keys
             first.append(data_override(base, data))
-        resolved.append((arm, [*first, *overrides, *arm.overrides, *budget]))
+        given = [*first, *overrides, *arm.overrides, *budget]
+        if data is not None:
+            given += fit_window(resolve(arm.recipe, given).data, [*overrides, *arm.overrides])
+        resolved.append((arm, given))
     target = None
     runs_by_arm = {}
     for index, (arm, arm_overrides) in enumerate(resolved):
@@ -335,8 +339,10 @@ def collect(comparison: Plan, output: str | Path) -> dict:
     results = {"settings": comparison.settings, "machine": machine(), "runs": runs, "unfinished": missing}
     write_text_atomic(output / "results.json", json.dumps(results, indent=1))
     write_text_atomic(output / "results.md", markdown(results) + "\n")
-    figures = draw(results, output)
-    results["figures"] = figures
+    try:
+        results["figures"] = draw(results, output)
+    except PlotError as error:  # the table stands without them; the caller says what was skipped
+        results["figures"], results["figures_skipped"] = [], str(error)
     return results
 
 
@@ -450,18 +456,16 @@ def curves(results: dict, x: str) -> dict[str, tuple[list[float], list[float]]]:
 
 
 def draw(results: dict, output: Path) -> list[str]:
-    """``loss-tokens.png`` and ``loss-seconds.png``: held-out loss per arm; [] without matplotlib."""
-    from .plots import PlotError, figure, save_figure
+    """``loss-tokens.png`` and ``loss-seconds.png``: held-out loss per arm (PlotError without
+    matplotlib)."""
+    from .plots import figure, save_figure
 
     paths = []
     for x, label in (("tokens", "training tokens"), ("seconds", "training seconds")):
         lines = curves(results, x)
         if not any(xs for xs, _ in lines.values()):
             continue
-        try:
-            fig = figure(6.4, 4.2)
-        except PlotError:
-            return []
+        fig = figure(6.4, 4.2)
         ax = fig.subplots()
         for arm, (xs, ys) in lines.items():
             ax.plot(xs, ys, marker="o", ms=3, label=arm)

@@ -66,21 +66,46 @@ def save_figure(fig, path: str | os.PathLike) -> str:
 
 # -- training curves ---------------------------------------------------------------------------------
 def load_metrics(path: str | os.PathLike) -> dict:
-    """The JSON ``seqzoo train --metrics`` writes, checked to have a non-empty ``history``."""
+    """A run's metrics, checked to have a non-empty ``history``: the JSON ``seqzoo train
+    --metrics`` writes, or the JSON lines ``seqzoo train`` and ``compare`` log as they go
+    (``*.metrics.jsonl``, ``metrics.jsonl``: one history entry a line, the last one with the final
+    evaluation)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such metrics file (write one with `seqzoo train RECIPE --metrics {path}`)")
     try:
         with open(path, encoding="utf-8") as handle:
-            metrics = json.load(handle)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            text = handle.read()
+    except UnicodeDecodeError as error:
         raise InputError(f"{path}: not a JSON metrics file ({error})") from None
+    try:
+        metrics = json.loads(text)
+    except json.JSONDecodeError as error:
+        if error.msg != "Extra data":  # one JSON document is broken; JSON lines are several
+            raise InputError(f"{path}: not a JSON metrics file ({error})") from None
+        metrics = _json_lines(path, text)
+    if isinstance(metrics, dict) and "history" not in metrics and "step" in metrics:
+        metrics = _json_lines(path, text)  # a log of one line
     history = metrics.get("history") if isinstance(metrics, dict) else None
     if not isinstance(history, list) or not history or not all(
             isinstance(e, dict) and "step" in e and "loss" in e for e in history):
         raise InputError(f"{path}: expected {{\"history\": [{{\"step\", \"loss\", \"lr\", ...}}, ...]}} "
                          f"as `seqzoo train --metrics` writes; found no history entries")
     return metrics
+
+
+def _json_lines(path: str, text: str) -> dict:
+    """The metrics of a JSON-lines log, as ``--metrics`` lays them out."""
+    history = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            history.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}:{number}: not a JSON line ({error})") from None
+    final = history[-1].get("eval") if history and isinstance(history[-1], dict) else None
+    return {"history": history, **({"eval": final} if isinstance(final, dict) else {})}
 
 
 def metric_series(metrics: dict) -> dict[str, list[float]]:

@@ -31,12 +31,14 @@ def init_weights(model: nn.Module, std: float, branches: int) -> None:
         kept.update(prefix + tensor for tensor in module.keep_init)
         residual.update(prefix + linear for linear in module.residual_projections)
     scale = 1 / math.sqrt(branches)
+    done: set[int] = set()  # a tied weight (the LM head's, the embedding's) is initialised once
     for name, module in model.named_modules():
         if any(f"{name}.".startswith(prefix) for prefix in skipped):
             continue
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             continue
-        if f"{name}.weight" not in kept:
+        if f"{name}.weight" not in kept and id(module.weight) not in done:
             nn.init.normal_(module.weight, 0.0, std * (scale if name in residual else 1.0))
+            done.add(id(module.weight))
         if isinstance(module, nn.Linear) and module.bias is not None and f"{name}.bias" not in kept:
             nn.init.zeros_(module.bias)

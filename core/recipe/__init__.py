@@ -220,6 +220,8 @@ def _apply_override(source: _Source, override: str, index: int) -> None:
         if not isinstance(node.get(part), dict):
             if part in node and node[part] is not None and not isinstance(node[part], str):
                 raise RecipeError(f"{label}:1: {dotted(path[: depth + 1])}: is not a mapping, cannot set {key}")
+            if part not in node:  # a key the override brings: its mistakes are the override's
+                source.where[path[: depth + 1]] = (label, 1)
             # A component named by a string becomes a mapping so a parameter can be set on it.
             node[part] = {"kind": node[part]} if isinstance(node.get(part), str) else {}
         node = node[part]

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .machine import cached, measurement_key
+
 
 def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
     """Forward FLOPs of scaled dot-product attention: q·kᵀ and p·v, 2·B·H·T·S·D each."""
@@ -57,26 +59,26 @@ def flops_per_token(loss: Callable[[dict[str, Tensor]], Tensor], tokens: Callabl
     return 3 * counter.get_total_flops() / max(tokens(row), 1)
 
 
-_PEAKS: dict[tuple[str, torch.dtype], float] = {}
-
-
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
-    """The device's measured peak FLOP/s in ``dtype``: the best of several large matrix products
-    (1024² on the CPU at the current thread count, 8192² on CUDA), measured once per process."""
-    key = (str(device), dtype)
-    if key not in _PEAKS:
-        n = 8192 if device.type == "cuda" else 1024
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        best = float("inf")
-        for _ in range(6):
-            _synchronize(device)
-            start = time.perf_counter()
-            a @ b
-            _synchronize(device)
-            best = min(best, time.perf_counter() - start)
-        _PEAKS[key] = 2 * n ** 3 / best
-    return _PEAKS[key]
+    """The device's peak FLOP/s in ``dtype``: the best of many large matrix products (1024² on the
+    CPU at the current thread count, 8192² on CUDA), measured once per machine and kept
+    (``seqzoo.train.machine``), so every run's MFU has the same denominator."""
+    return cached(measurement_key("peak FLOP/s", device, dtype), lambda: _measure_peak(device, dtype))
+
+
+def _measure_peak(device: torch.device, dtype: torch.dtype) -> float:
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best, spent, tries = float("inf"), 0.0, 0
+    while tries < 3 or (tries < 30 and spent < 2.0):  # a few tries at least, about 2 s at most
+        _synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        _synchronize(device)
+        took = time.perf_counter() - start
+        best, spent, tries = min(best, took), spent + took, tries + 1
+    return 2 * n ** 3 / best
 
 
 def _synchronize(device: torch.device) -> None:

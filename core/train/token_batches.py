@@ -8,6 +8,7 @@ Row ``i`` of the stream is the ``i``-th row the run trains on. At a step that st
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 from ..config import TrainConfig
 from ..errors import TrainingError
 from ..interfaces import IGNORE, LanguageModel, Tokenizer, TokenTask
+from ..registry import registry
 
 #: The model inputs a token batch may carry besides ids and labels.
 EXTRA_INPUTS = ("documents", "positions")
@@ -134,3 +136,16 @@ def data_override(train_section: dict | None, folder: str) -> str:
     if isinstance(task, dict) and task.get("kind") == "tokens":
         return f"train.task.path={json.dumps(folder)}"
     return f"train.task={json.dumps({'kind': 'tokens', 'path': folder})}"
+
+
+def fit_window(recipe: dict, overrides: list[str]) -> list[str]:
+    """With ``--data``, the tokens task's window defaults to what the model allows: on a resolved
+    ``recipe`` whose task window was left at its default but is longer than ``model.max_seq_len``,
+    the ``--set`` that shortens it (none when ``overrides`` set the window themselves)."""
+    task, longest = (recipe.get("train") or {}).get("task"), recipe["model"].get("max_seq_len")
+    if not isinstance(task, dict) or task.get("kind") != "tokens" or longest is None or task["seq_len"] <= longest:
+        return []
+    default = inspect.signature(registry().get("task", "tokens").cls).parameters["seq_len"].default
+    if task["seq_len"] != default or any(o.startswith(("train.task.seq_len", "train.task=")) for o in overrides):
+        return []  # the window is the recipe's or the user's choice: a window too long is their error to see
+    return [f"train.task.seq_len={longest}"]

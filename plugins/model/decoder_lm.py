@@ -59,9 +59,11 @@ class DecoderLM(LanguageModel):
         self.final_softcap = final_softcap
         self.embed = nn.Embedding(vocab_size, dim)
         self.decoder = parts.stack(stack_section(locals()), causal=True)
-        self.lm_head = Linear(dim, vocab_size, bias=False)
-        init_weights(self, init_std, self.decoder.residual_branches)
+        # A tied head's own weight would be made, initialised and thrown away: a transient as large
+        # as the embedding (half a GB for BLOOM's vocabulary). It takes the embedding's at once.
+        self.lm_head = Linear(dim, vocab_size, bias=False, device="meta" if tie_embeddings else None)
         self.tie_weights()
+        init_weights(self, init_std, self.decoder.residual_branches)
 
     @classmethod
     def check_recipe(cls, model: dict, path: tuple, validator: Validator) -> None:

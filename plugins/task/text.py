@@ -29,12 +29,14 @@ class TextTask(Task):
         file = Path(path).expanduser()
         files = sorted(file.rglob("*.txt")) if file.is_dir() else [file]
         if not files:
-            raise ConfigError(f"task text: the folder path={path!r} has no .txt file")
+            raise ConfigError(f"task text: the folder path={path!r} has no .txt file; give --set "
+                              f"train.task.path=FILE, a UTF-8 text file or a folder of .txt files")
         try:
             text = "\n\n".join(_read_utf8(f) for f in files)
         except OSError as error:
-            raise ConfigError(f"task text: cannot read path={path!r} ({error.strerror or error}); "
-                              f"give an existing UTF-8 text file or a folder of .txt files") from None
+            raise ConfigError(f"task text: cannot read path={path!r} ({error.strerror or error}); give "
+                              f"--set train.task.path=FILE, an existing UTF-8 text file or a folder of .txt "
+                              f"files") from None
         cut = int(len(text) * (1 - validation))
         self.splits = {"train": text[:cut], "eval": text[cut:] or text[:cut]}
         shortest = min(len(part) for part in self.splits.values())
