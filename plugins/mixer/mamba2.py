@@ -24,24 +24,10 @@ from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 from ._conv_state import MambaState, causal_conv
+from ._gated_norm import GatedRMSNorm
 from ._mimetic import mimic_linear_attention
 from ._segments import in_segments
 from ._ssd import ssd_scan, ssd_step
-
-
-class GatedRMSNorm(nn.Module):
-    """y ⊙ SiLU(z), then RMS-normalised over each group of E / G features, times a weight (E,)."""
-
-    def __init__(self, dim: int, groups: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.groups, self.eps = groups, eps
-
-    def forward(self, y: Tensor, z: Tensor) -> Tensor:
-        wide = torch.promote_types(y.dtype, torch.float32)  # bf16 in, float32 statistics
-        gated = (y.to(wide) * F.silu(z.to(wide))).unflatten(-1, (self.groups, -1))
-        normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.flatten(-2).to(y.dtype)
 
 
 @builtin("Mamba-2 state-space dual: scalar decay per head, grouped B/C, chunked SSD")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import InputError
+from ..errors import InputError
 
 FEATURE_MAPS = ("elu", "identity")
 NONLINEARITIES = ("tanh", "relu")
