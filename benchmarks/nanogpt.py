@@ -31,12 +31,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import seqzoo
+from seqzoo.config import TrainConfig
 from seqzoo.data.shards import read_manifest
 from seqzoo.io.build import instantiate
 from seqzoo.lab.compare import machine
 from seqzoo.recipe import resolve
 from seqzoo.schema import instantiate as instantiate_section
-from seqzoo.train.training import TrainConfig, lr_factor, train
+from seqzoo.train.training import lr_factor, train
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "compare" / "gpt2.yaml"
 

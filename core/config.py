@@ -2,8 +2,7 @@
 
 They sit here, beside nothing but the schema types, because two layers read them: the recipe parser
 validates the sections against them (``seqzoo.recipe``) and the trainer runs with them
-(``seqzoo.train.training``). Neither has to import the other for it. ``seqzoo.train.training.TrainConfig`` and
-``seqzoo.recipe.RuntimeConfig`` stay importable under those names.
+(``seqzoo.train.training``). Neither has to import the other for it.
 """
 from __future__ import annotations
 

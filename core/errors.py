@@ -79,3 +79,13 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class PluginWarning(UserWarning):
+    """A plugin was skipped or one of its components rejected (the rest keeps working); filter it
+    with ``warnings.filterwarnings("ignore", category=seqzoo.errors.PluginWarning)``."""
+
+
+class PerformanceWarning(UserWarning):
+    """A fast path is unavailable and a slower one computes the same result (numba missing for the
+    fused scan, FlexAttention unable to compile); said once per process."""

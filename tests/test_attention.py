@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import seqzoo
-from seqzoo.interfaces import expand_kv, masked_softmax_attend
+from seqzoo.functional import expand_kv, masked_softmax_attend
 from seqzoo.nn.attention import self_attention_inputs
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import seqzoo
-from seqzoo.interfaces import masked_softmax_attend
+from seqzoo.functional import masked_softmax_attend
 from seqzoo.nn.attention import AttentionConfig, MultiHeadAttention, self_attention_inputs
 
 

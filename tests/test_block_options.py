@@ -16,7 +16,8 @@ from torch import nn
 
 import seqzoo
 import seqzoo.nn.blocks as blocks_module
-from seqzoo.interfaces import Mixer, PositionScheme, masked_softmax_attend
+from seqzoo.functional import masked_softmax_attend
+from seqzoo.interfaces import Mixer, PositionScheme
 from seqzoo.nn.attention import self_attention_inputs
 from seqzoo.nn.blocks import TransformerBlock, TransformerStack
 from seqzoo.plugins.norm.gemma_rmsnorm import GemmaRMSNorm

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import seqzoo
+from seqzoo.errors import PerformanceWarning
 from seqzoo.nn import flex
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # eager flex warns that it is slow
@@ -133,7 +134,7 @@ def test_flex_stays_off_where_it_does_not_apply(small, monkeypatch):
     assert not small
 
 
-def test_a_compile_failure_is_reported_once_and_the_materialised_path_runs(small, monkeypatch, capsys):
+def test_a_compile_failure_is_reported_once_and_the_materialised_path_runs(small, monkeypatch, recwarn):
     from torch._inductor.exc import InductorError
 
     def broken(*args, **kwargs):
@@ -147,7 +148,7 @@ def test_a_compile_failure_is_reported_once_and_the_materialised_path_runs(small
     outputs(model, ids)
     monkeypatch.setenv("SEQZOO_FLEX", "0")
     torch.testing.assert_close(got, outputs(model, ids))
-    notice = capsys.readouterr().err.strip().splitlines()
+    notice = [str(w.message) for w in recwarn if issubclass(w.category, PerformanceWarning)]
     assert len(notice) == 1 and "FlexAttention is unavailable here" in notice[0] and "no C++ compiler" in notice[0]
 
 

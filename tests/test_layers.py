@@ -12,8 +12,9 @@ import seqzoo
 from seqzoo.builder import layer_plan, merge
 from seqzoo.builder.layout import describe_layout
 from seqzoo.cli import main
+from seqzoo.config import TrainConfig
 from seqzoo.recipe import resolve
-from seqzoo.train.training import TrainConfig, train
+from seqzoo.train.training import train
 
 FAMILIES = ["tiny-gemma2", "tiny-gemma3", "tiny-smollm3", "tiny-neox", "tiny-olmo2", "tiny-sinks", "tiny-gru-mixer"]
 

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 import seqzoo
 from seqzoo.cli.commands import main
 from seqzoo.config import TrainConfig
+from seqzoo.errors import TrainingError
 from seqzoo.nn.fill_mask import MaskToken, mask_token
 from seqzoo.registry import registry
 from seqzoo.train.mlm import IGNORE, MaskedExamples, mask_tokens
-from seqzoo.train.training import TrainingError, train
+from seqzoo.train.training import train
 
 TINY = ["model.dim=32", "model.layers=1", "model.attention.heads=4", "model.ffn.hidden=64", "model.vocab_size=260",
         "model.pooler=false", "model.mlm_head={}"]

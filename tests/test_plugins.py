@@ -24,6 +24,7 @@ import torch
 import seqzoo
 from seqzoo import testing
 from seqzoo.cli import main
+from seqzoo.errors import PluginWarning
 from seqzoo.io.checkpoint import ProvenanceWarning
 from seqzoo.recipe import resolve
 from seqzoo.recipe.requires import _parse_requirement_fallback, parse_requirement
@@ -113,7 +114,8 @@ def seqzoo_components():
 WRONG = """
 import torch
 import seqzoo
-from seqzoo.interfaces import Norm, RecurrentCell, ScoreFunction, masked_softmax_attend, expand_kv
+from seqzoo.functional import expand_kv, masked_softmax_attend
+from seqzoo.interfaces import Norm, RecurrentCell, ScoreFunction
 
 class Transposed(ScoreFunction):
     '''Returns (B, T, H, D) instead of (B, H, T, D).'''
@@ -189,8 +191,9 @@ def write_plugin(folder: Path, code: str, name: str | None = None) -> Path:
     return path
 
 
-def one_warning(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line]
+def one_warning(recwarn) -> str:
+    """The one plugin warning raised, as the command line prints it."""
+    lines = [f"seqzoo: warning: {w.message}" for w in recwarn if issubclass(w.category, PluginWarning)]
     assert len(lines) == 1, lines
     assert lines[0].startswith("seqzoo: warning: plugin ")
     return lines[0]
@@ -326,11 +329,11 @@ def test_load_plugin_module_name_next_to_a_file_hints_the_path(tmp_path, fresh, 
     (UNDECORATED, r"seqzoo_components is not decorated with @seqzoo\.hookimpl"),
     ("x = 1\n", r"it has no seqzoo_components hook"),
 ], ids=["import-error", "hook-raises", "hook-returns-none", "hook-typo", "undecorated", "no-hook"])
-def test_broken_entry_point_is_skipped_with_one_line(site, fresh, capsys, code, reason):
+def test_broken_entry_point_is_skipped_with_one_line(site, fresh, recwarn, code, reason):
     site(code, dist="seqzoo-broken", version="0.3", entry="broken")
     site(GOOD, dist="seqzoo-acme", entry="acme")
     reg = fresh()
-    line = one_warning(capsys.readouterr().err)
+    line = one_warning(recwarn)
     assert line.startswith("seqzoo: warning: plugin 'broken' (seqzoo-broken 0.3) skipped: ")
     assert re.search(reason, line), line
     assert reg.plugins["broken"].status == "skipped"
@@ -339,12 +342,12 @@ def test_broken_entry_point_is_skipped_with_one_line(site, fresh, capsys, code, 
     assert model.components["model.attention.score"]["plugin"] == "seqzoo.plugins.score.scaled_dot"
 
 
-def test_broken_plugin_does_not_change_the_exit_code(site, fresh, capsys):
+def test_broken_plugin_does_not_change_the_exit_code(site, fresh, capsys, recwarn):
     site(IMPORT_ERROR, entry="broken")
     fresh()
     assert main(["list", "norm"]) == 0
     captured = capsys.readouterr()
-    assert "plugin 'broken'" in one_warning(captured.err) and "layernorm" in captured.out
+    assert "plugin 'broken'" in one_warning(recwarn) and "layernorm" in captured.out
 
 
 def test_broken_plugin_is_an_error_when_strict(site, monkeypatch, capsys):
@@ -370,27 +373,27 @@ def test_a_plugin_named_with_plugin_that_does_not_load_is_an_error(tmp_path, fre
     assert "missing.py: no such file" in capsys.readouterr().err
 
 
-def test_broken_local_plugin_from_the_environment_is_skipped(tmp_path, fresh, monkeypatch, capsys):
+def test_broken_local_plugin_from_the_environment_is_skipped(tmp_path, fresh, monkeypatch, capsys, recwarn):
     monkeypatch.setenv("SEQZOO_PLUGINS", str(write_plugin(tmp_path, IMPORT_ERROR)))
     reg = fresh()
-    assert "No module named 'seqzoo_no_such_module_anywhere'" in one_warning(capsys.readouterr().err)
+    assert "No module named 'seqzoo_no_such_module_anywhere'" in one_warning(recwarn)
     assert "scaled_dot" in reg.names("score")
 
 
-def test_component_breaking_its_interface_is_rejected_alone(site, fresh, capsys):
+def test_component_breaking_its_interface_is_rejected_alone(site, fresh, capsys, recwarn):
     site(BAD_COMPONENT, entry="acme")
     reg = fresh()
-    line = one_warning(capsys.readouterr().err)
+    line = one_warning(recwarn)
     assert line == ("seqzoo: warning: plugin 'acme' (seqzoo-acme 1.0): score 'bad' rejected: "
                     "NotAScore must subclass ScoreFunction")
     assert "manhattan" in reg.names("score") and "bad" not in reg.names("score")
     assert [c.name for c in reg.plugins["acme"].components] == ["manhattan"]
 
 
-def test_name_clash_keeps_the_builtin_and_names_both_origins(site, fresh, capsys):
+def test_name_clash_keeps_the_builtin_and_names_both_origins(site, fresh, capsys, recwarn):
     site(CLASH, dist="seqzoo-acme", version="1.0", entry="acme")
     reg = fresh()
-    line = one_warning(capsys.readouterr().err)
+    line = one_warning(recwarn)
     assert line == ("seqzoo: warning: plugin 'acme' (seqzoo-acme 1.0): score 'scaled_dot' rejected: the name "
                     "is taken by score 'scaled_dot' from plugin 'seqzoo.plugins.score.scaled_dot' "
                     "(seqzoo 0.1.0), which is kept; rename one of them")
@@ -398,11 +401,11 @@ def test_name_clash_keeps_the_builtin_and_names_both_origins(site, fresh, capsys
     assert reg.get("score", "fake").plugin == "acme"  # the rest of the plugin keeps working
 
 
-def test_name_clash_between_two_plugins_keeps_the_first_by_name(site, fresh, capsys):
+def test_name_clash_between_two_plugins_keeps_the_first_by_name(site, fresh, capsys, recwarn):
     site(GOOD, dist="seqzoo-zeta", entry="zeta")
     site(GOOD, dist="seqzoo-acme", entry="acme")
     reg = fresh()
-    line = one_warning(capsys.readouterr().err)
+    line = one_warning(recwarn)
     assert "plugin 'zeta' (seqzoo-zeta 1.0): score 'manhattan' rejected" in line
     assert "from plugin 'acme' (seqzoo-acme 1.0), which is kept" in line
     assert reg.get("score", "manhattan").plugin == "acme"

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import seqzoo
+from seqzoo.errors import PluginWarning
 from seqzoo.interfaces import CORE_ARGS, ScoreFunction
 from seqzoo.registry import Registry, build_registry
 
@@ -100,11 +101,16 @@ def _registry_with(*components: seqzoo.Component) -> Registry:
     return reg
 
 
-def test_add_same_kind_and_name_reports_both_plugins_and_keeps_the_builtin(capsys):
+def warned(recwarn) -> list[str]:
+    """The plugin warnings raised, as the command line prints them (one line each)."""
+    return [f"seqzoo: warning: {w.message}" for w in recwarn if issubclass(w.category, PluginWarning)]
+
+
+def test_add_same_kind_and_name_reports_both_plugins_and_keeps_the_builtin(recwarn):
     reg = build_registry()
     clash = seqzoo.Component("score", "scaled_dot", _Score, plugin="acme", distribution="seqzoo-acme", version="1.0")
     assert reg.add(clash) is False
-    err = capsys.readouterr().err.strip().splitlines()
+    err = warned(recwarn)
     assert len(err) == 1 and err[0].startswith("seqzoo: warning: ")
     assert re.search(r"plugin 'acme' \(seqzoo-acme 1\.0\): score 'scaled_dot' rejected: the name is taken by "
                      r"score 'scaled_dot' from plugin 'seqzoo\.plugins\.score\.scaled_dot' \(seqzoo 0\.1\.0\), "
@@ -113,10 +119,10 @@ def test_add_same_kind_and_name_reports_both_plugins_and_keeps_the_builtin(capsy
     assert reg.problems and "scaled_dot" in reg.problems[0]
 
 
-def test_add_same_name_as_an_alias_is_a_clash(capsys):
+def test_add_same_name_as_an_alias_is_a_clash(recwarn):
     reg = build_registry()
     assert reg.add(seqzoo.Component("score", "sdpa", _Score, plugin="acme")) is False
-    assert "the name is taken by score 'scaled_dot'" in capsys.readouterr().err
+    assert "the name is taken by score 'scaled_dot'" in "".join(warned(recwarn))
 
 
 def test_add_same_kind_and_name_raises_when_strict(monkeypatch):
@@ -153,10 +159,10 @@ def test_add_rejects_a_constructor_without_core_args(monkeypatch):
     ("", "x", _Score, r"kind must be a word such as 'score', got ''"),
     ("score", "inst", _Score(1, 1, 1), r"expected a class, got"),
 ])
-def test_add_rejects_a_malformed_record_and_keeps_going(capsys, kind, name, cls, message):
+def test_add_rejects_a_malformed_record_and_keeps_going(recwarn, kind, name, cls, message):
     reg = build_registry()
     assert reg.add(seqzoo.Component(kind, name, cls, plugin="acme")) is False
-    assert re.search(message, capsys.readouterr().err)
+    assert re.search(message, "".join(warned(recwarn)))
     assert (kind, name) not in reg.components
 
 
@@ -164,10 +170,10 @@ def test_add_rejects_a_malformed_record_and_keeps_going(capsys, kind, name, cls,
     ({"aliases": ("ok", 3)}, r"aliases must be non-empty strings, got \('ok', 3\)"),
     ({"summary": "two\nlines"}, r"summary must be one line of text"),
 ])
-def test_add_rejects_malformed_aliases_and_summaries(capsys, fields, message):
+def test_add_rejects_malformed_aliases_and_summaries(recwarn, fields, message):
     reg = build_registry()
     assert reg.add(seqzoo.Component("score", "plain", _Score, plugin="acme", **fields)) is False
-    assert re.search(message, capsys.readouterr().err)
+    assert re.search(message, "".join(warned(recwarn)))
 
 
 def test_add_new_component_is_creatable():

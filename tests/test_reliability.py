@@ -317,7 +317,8 @@ def test_half_precision_stays_finite_at_8k_positions(position, dtype):
 
 
 def test_same_seed_trains_to_the_same_losses():
-    from seqzoo.train.training import TrainConfig, train
+    from seqzoo.config import TrainConfig
+    from seqzoo.train.training import train
 
     config = TrainConfig(task={"kind": "copy"}, steps=15, batch_size=8, eval_examples=4, log_every=1,
                          warmup=2)

@@ -14,8 +14,10 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
+from seqzoo.config import TrainConfig
 from seqzoo.data.shards import DataError
-from seqzoo.train.training import TrainConfig, TrainingError, train
+from seqzoo.errors import TrainingError
+from seqzoo.train.training import train
 
 
 @pytest.fixture
@@ -64,17 +66,19 @@ def test_a_killed_run_resumed_gives_the_same_loss_curve_bit_for_bit(shards, tmp_
 
 def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss and the gradients of one training step (an optimizer that does not move)."""
+    from seqzoo.train.distributed import Distributed
     from seqzoo.train.objectives import examples_for
-    from seqzoo.train.training import Distributed, _one_step
+    from seqzoo.train.training import Position, Run, _one_step
 
     model = fresh()
     cfg = config(shards, **overrides)
     task = seqzoo.registry().create("task", cfg.task)
     examples = examples_for(model, seqzoo.tokenizer(model), task, seed=cfg.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    loss, _, _ = _one_step(0, 16, cfg, examples, model, model, optimizer, torch.autocast("cpu", enabled=False),
-                           torch.device("cpu"), Distributed(), None)
-    return loss, {name: p.grad.clone() for name, p in model.named_parameters()}
+    run = Run(cfg, model, model, model, optimizer, examples, task, Distributed(), torch.device("cpu"), None,
+              at=Position(consumed=16))
+    loss, _, _ = _one_step(run, 0)
+    return float(loss), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 def test_gradient_accumulation_equals_the_larger_batch(shards):

@@ -14,8 +14,12 @@ import torch
 
 import seqzoo
 from seqzoo.cli import main
+from seqzoo.config import TrainConfig
+from seqzoo.errors import TrainingError
+from seqzoo.interfaces import IGNORE
 from seqzoo.recipe import resolve
-from seqzoo.train.training import IGNORE, Examples, TrainConfig, TrainingError, lr_factor, train
+from seqzoo.train.examples import Examples
+from seqzoo.train.training import lr_factor, train
 
 
 def config(**overrides) -> TrainConfig:
@@ -191,10 +195,10 @@ def test_a_failed_save_at_the_end_rescues_the_finished_run(tmp_path, monkeypatch
     target.parent.mkdir()
     real_save = training_module._save
 
-    def save_after_the_folder_vanished(output, *args, **kwargs):
-        if output == str(target):
+    def save_after_the_folder_vanished(run, **kwargs):
+        if (kwargs.get("output") or run.output) == str(target):
             target.parent.rmdir()  # e.g. a cleaned scratch folder: the save itself fails
-        return real_save(output, *args, **kwargs)
+        return real_save(run, **kwargs)
 
     monkeypatch.setattr(training_module, "_save", save_after_the_folder_vanished)
     with pytest.raises(TrainingError, match=r"could not save .*m\.safetensors .*; the finished run \(step 3\) is "
@@ -292,3 +296,52 @@ def test_weight_decay_spares_norms_biases_and_mambas_a_and_d(name):
     assert any(n.endswith("out_proj.weight") or n.endswith("o_proj.weight") for n in decayed_names)
     if name == "tiny-mamba":
         assert "decoder.blocks.0.mixer.A_log" in spared_names  # (inner, state): a matrix, yet spared
+
+
+# -- the step loop: nanoGPT's micro-step loop ---------------------------------------------------------
+def test_the_loop_reads_the_device_only_at_log_steps(monkeypatch):
+    """The loss and the token count stay on the device; training.py converts a tensor to a Python
+    number (a sync on an accelerator) only where it logs: 2 log steps of 10, whatever the
+    micro-batches."""
+    import sys
+
+    import seqzoo.train.training as training_module
+
+    reads = []
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if caller.co_filename == training_module.__file__ and caller.co_name in ("_loop", "_one_step",
+                                                                                      "_note_if_not_finite"):
+                reads.append((caller.co_name, name))
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in ("item", "__float__", "__int__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    model = seqzoo.build("tiny-gpt", device="cpu")
+    train(model, config(steps=10, log_every=5, accumulate=2, warmup=2), seqzoo.tokenizer(model), quiet=True)
+    assert [where for where, _ in reads] == ["_loop"] * len(reads) and 2 <= len(reads) <= 2 * 3, reads
+
+
+def test_a_non_finite_loss_between_log_steps_stops_before_the_next_save_and_names_its_step(tmp_path):
+    model = seqzoo.build("tiny-gpt", device="cpu")
+    ckpt = tmp_path / "m.safetensors"
+    train(model, config(steps=3), seqzoo.tokenizer(model), output=str(ckpt), quiet=True)
+    before = ckpt.read_bytes()
+    with torch.no_grad():
+        model.decoder.blocks[0].ffn.up.weight.fill_(float("nan"))
+    with pytest.raises(TrainingError, match=r"^step 1: the loss is nan; stopped, .*m\.safetensors keeps the last good"):
+        train(model, config(steps=9, log_every=5, save_every=2), seqzoo.tokenizer(model), output=str(ckpt),
+              quiet=True)
+    assert ckpt.read_bytes() == before  # the save at step 2 never wrote the NaN weights
+
+
+def test_a_run_shorter_than_its_warmup_says_it_never_reaches_its_rate():
+    model = seqzoo.build("tiny-gpt", device="cpu")
+    with pytest.warns(UserWarning, match=r"train\.warmup=100 is longer than the run's 4 steps: the learning rate "
+                                         r"rises to 4% of train\.lr=0\.003 and never reaches it"):
+        train(model, config(steps=4, warmup=100), seqzoo.tokenizer(model), quiet=True)

@@ -124,13 +124,15 @@ def default_output(recipe: str) -> str:
 def _cmd_train(args) -> int:
     import torch
 
+    from ..config import TrainConfig
     from ..interfaces import MaskedLanguageModel
     from ..io.build import instantiate
     from ..io.checkpoint import load, read_metadata, read_recipe
     from ..recipe import resolve
     from ..registry import tokenizer
+    from ..train.distributed import Distributed
     from ..train.token_batches import data_override, fit_window
-    from ..train.training import Distributed, TrainConfig, check_resumable, held_out_summary, train
+    from ..train.training import check_resumable, held_out_summary, train
 
     checkpoint = args.resume or args.init
     if args.recipe is None and checkpoint is None:

@@ -10,15 +10,6 @@ The contracts live one concept per module (``part``, ``attention``, ``mixers``, 
 """
 from __future__ import annotations
 
-from ..functional import (  # noqa: F401  (the kernels' first home: still importable from here)
-    causal_mask,
-    default_scale,
-    expand_kv,
-    masked_softmax_attend,
-    softcap,
-    step_through,
-    upcast,
-)
 from .attention import DeferredTable, FlexScore, PositionBias, PositionScheme, RopeScaling, Rotary, ScoreFunction
 from .data import IGNORE, Task, Tokenizer, TokenTask
 from .feedforward import (
@@ -71,6 +62,5 @@ __all__ = [
     "FlexScore", "IGNORE", "LanguageModel", "MaskSpec", "MaskedLanguageModel", "Mixer", "MixerContext", "MixerState",
     "Model", "Norm", "Part", "PositionBias", "PositionScheme", "RecurrentCell", "RopeScaling", "Rotary", "Router",
     "Routing", "ScoreFunction", "Task", "TokenTask", "Tokenizer", "TransferRule", "auxiliary_losses",
-    "auxiliary_statistics", "causal_mask", "default_scale", "expand_kv", "masked_softmax_attend", "softcap",
-    "step_through", "upcast",
+    "auxiliary_statistics",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
@@ -73,18 +74,19 @@ class AuxiliaryLosses:
     statistics: dict[str, Tensor]
 
 
-def auxiliary_losses(model: nn.Module) -> tuple[Tensor | None, dict[str, float]]:
+def auxiliary_losses(model: nn.Module) -> tuple[Tensor | None, dict[str, Tensor]]:
     """(Σ coefficient·loss over every ``AuxiliaryLosses`` module of ``model`` from its last
-    forward, or None when there is none; {name: mean value over those modules} to report)."""
+    forward, or None when there is none; {name: mean value over those modules} to report, as 0-d
+    tensors on the device: reading them is the caller's sync, at its log steps)."""
     total, values = None, {}
     for module in model.modules():
         if not isinstance(module, AuxiliaryLosses):
             continue
         for name, (coefficient, loss) in module.auxiliary.items():
-            values.setdefault(name, []).append(float(loss.detach()))
+            values.setdefault(name, []).append(loss.detach().float())
             if coefficient:
                 total = coefficient * loss if total is None else total + coefficient * loss
-    return total, {name: sum(v) / len(v) for name, v in values.items()}
+    return total, {name: torch.stack(v).mean() for name, v in values.items()}
 
 
 def auxiliary_statistics(model: nn.Module) -> dict[str, list[list[float]]]:

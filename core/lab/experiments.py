@@ -44,11 +44,13 @@ from pathlib import Path
 
 import torch
 
+from ..config import TrainConfig
 from ..errors import InputError, unknown_name
 from ..files import write_text_atomic
 from ..io.build import build
 from ..registry import registry, tokenizer
-from ..train.training import Examples, TrainConfig, example_rng, train
+from ..train.examples import Examples, example_rng
+from ..train.training import train
 from . import copying, linear_time, moe, recall, surgery
 from .plots import figure, require_matplotlib, save_figure
 from .result import ExperimentResult

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from ..config import LoraConfig
+from ..config import LoraConfig, TrainConfig
 from ..io.build import build
 from ..io.gguf import from_gguf
 from ..registry import tokenizer
 from ..train.perplexity import evaluate
 from ..train.surgery import edit
-from ..train.training import TrainConfig, train
+from ..train.training import train
 from .result import ExperimentResult
 
 FULL = {"contexts": [2048, 4096, 8192, 16384], "heal_context": 1024, "heal_tokens": 8192, "steps": 60,

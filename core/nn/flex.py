@@ -28,12 +28,13 @@ compiler for inductor on the CPU) it says so once and the materialised path runs
 from __future__ import annotations
 
 import os
-import sys
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from ..errors import PerformanceWarning
 from ..interfaces import MaskSpec, MixerContext
 
 #: The fewest keys and queries for which flex replaces the materialised path.
@@ -160,8 +161,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, scale: float, score_mod: ScoreMod
                                                        enable_gqa=k.shape[1] != q.shape[1], **extra)
     except _compile_failures() as error:
         _failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        print(f"seqzoo: FlexAttention is unavailable here ({_failed}); attention materialises its "
-              f"scores instead", file=sys.stderr)
+        warnings.warn(f"FlexAttention is unavailable here ({_failed}); attention materialises its scores instead",
+                      PerformanceWarning, stacklevel=2)
         return None
     if sink is not None:  # σ(L − s): the share of each row's softmax mass the keys keep beside the sink
         out, lse = out[0], out[1].lse

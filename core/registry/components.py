@@ -5,14 +5,14 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import sys
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
-from ..errors import RegistryError, unknown_name
+from ..errors import PluginWarning, RegistryError, unknown_name
 from ..interfaces import BASES, CORE_ARGS
 from ..schema import Configured, SchemaError, Validator, call_with, instantiate, spec_kind
 from .settings import strict
@@ -77,11 +77,12 @@ class Registry:
     problems: list[str] = field(default_factory=list)
 
     def report(self, message: str) -> None:
-        """A plugin problem: one line on stderr, or a RegistryError under SEQZOO_STRICT_PLUGINS=1."""
+        """A plugin problem: a ``PluginWarning`` (the CLI prints it as one line), or a RegistryError
+        under SEQZOO_STRICT_PLUGINS=1."""
         self.problems.append(message)
         if strict():
             raise RegistryError(message)
-        print(f"seqzoo: warning: {message}", file=sys.stderr)
+        warnings.warn(message, PluginWarning, stacklevel=2)
 
     def add(self, component: Component) -> bool:
         """Register one stamped record; True if it was added.

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from ..config import TrainConfig
 from ..interfaces import Part
+from ..io.checkpoint import upgrade_name
 
 
 @dataclass
@@ -105,8 +106,10 @@ def load_train_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors
     for key, value in tensors.items():
         if key.startswith("optim."):
             name, field = key[len("optim."):].rsplit(".", 1)
-            state.setdefault(name, {})[field] = value
+            state.setdefault(upgrade_name(name), {})[field] = value  # a run saved before the slot was renamed
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in settings["param_groups"]]
+    for group in groups:
+        group["params"] = [upgrade_name(name) if isinstance(name, str) else name for name in group["params"]]
     set_state_dict(model, optimizer, model_state_dict={}, optim_state_dict={"state": state, "param_groups": groups},
                    options=StateDictOptions(full_state_dict=True, strict=False))
 

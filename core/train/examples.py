@@ -90,9 +90,10 @@ class Examples(PairObjective):
         """What to try the trained model on: the prompt of ``pair``, as the model is prompted."""
         return self.prompt_text(pair[0]) if self.family == "causal" else pair[0]
 
-    def tokens(self, batch: dict[str, Tensor]) -> int:
-        """The tokens a batch trains on (for tokens/s): those with a label."""
-        return int((batch["labels"] != IGNORE).sum())
+    def tokens(self, batch: dict[str, Tensor]) -> Tensor:
+        """The tokens a batch trains on (for tokens/s): those with a label, counted on the device
+        (the trainer reads the count at log steps only)."""
+        return (batch["labels"] != IGNORE).sum()
 
     def batch(self, pairs: list[tuple[str, str]], device: torch.device,
               rng: random.Random | None = None) -> dict[str, Tensor]:

@@ -44,7 +44,7 @@ def _cpu_attention_formulas() -> dict:
     return {op: formula}
 
 
-def flops_per_token(loss: Callable[[dict[str, Tensor]], Tensor], tokens: Callable[[dict[str, Tensor]], int],
+def flops_per_token(loss: Callable[[dict[str, Tensor]], Tensor], tokens: Callable[[dict[str, Tensor]], Tensor],
                     batch: dict[str, Tensor]) -> float:
     """FLOPs per trained token: ``loss``'s forward FLOPs on the first row of ``batch``, times 3,
     over the row's ``tokens`` (those with a label, as tokens/s counts them). Runs under no_grad,
@@ -56,7 +56,7 @@ def flops_per_token(loss: Callable[[dict[str, Tensor]], Tensor], tokens: Callabl
         warnings.simplefilter("ignore")  # FlopCounterMode warns about ops it has no formula for
         with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas()) as counter:
             loss(row)
-    return 3 * counter.get_total_flops() / max(tokens(row), 1)
+    return 3 * counter.get_total_flops() / max(int(tokens(row)), 1)
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float:

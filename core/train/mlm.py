@@ -93,9 +93,9 @@ class MaskedExamples(PairObjective):
         inputs, labels = mask_tokens(ids, special, self.mask.id, self.vocab, generator)
         return {"ids": inputs.to(device), "mask": real.long().to(device), "labels": labels.to(device)}
 
-    def tokens(self, batch: dict[str, Tensor]) -> int:
-        """The tokens a batch trains on (for tokens/s): every real token is read."""
-        return int(batch["mask"].sum())
+    def tokens(self, batch: dict[str, Tensor]) -> Tensor:
+        """The tokens a batch trains on (for tokens/s): every real token is read, counted on the device."""
+        return batch["mask"].sum()
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
         chosen = batch["labels"] != IGNORE

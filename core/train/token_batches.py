@@ -55,9 +55,9 @@ class TokenExamples:
         return [_to(self.task.batch(consumed + (micro * world + rank) * b, b), device)
                 for micro in range(config.accumulate)]
 
-    def tokens(self, batch: dict[str, Tensor]) -> int:
-        """The tokens a batch trains on (for tokens/s): those with a label."""
-        return int((batch["labels"] != IGNORE).sum())
+    def tokens(self, batch: dict[str, Tensor]) -> Tensor:
+        """The tokens a batch trains on (for tokens/s): those with a label, counted on the device."""
+        return (batch["labels"] != IGNORE).sum()
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
         extra = {k: batch[k] for k in EXTRA_INPUTS if k in batch}

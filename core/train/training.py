@@ -19,27 +19,27 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from ..config import TrainConfig  # the train: section's schema; still importable from here
+from ..config import TrainConfig
 from ..errors import SeqzooError, TrainingError, TrainingInterrupted
-from ..interfaces import IGNORE, Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
+from ..interfaces import Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
 from ..io.checkpoint import check_can_save, read_extras, save
 from ..registry import registry
 from .distributed import Distributed, gradient_sync, load_train_state, model_state, optimizer_for, train_state, wrap
-from .examples import Examples, example_rng  # importable from here, as they always were
 from .lora import add_lora, choose_trainable, merge_lora, merged_state, save_adapter
 from .metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_mb
 from .objectives import examples_for
 from .progress import progress
 from .token_batches import TokenExamples
 
-__all__ = ["IGNORE", "Examples", "TrainConfig", "TrainingError", "example_rng", "lr_factor", "train"]
+__all__ = ["Position", "Run", "RunResult", "check_resumable", "held_out_summary", "lr_factor", "planned_steps", "train"]
 
 
 class _StopRequests:
@@ -117,6 +117,41 @@ def planned_steps(config: TrainConfig, examples, world: int = 1) -> int:
     return math.ceil(config.tokens / per_step)
 
 
+@dataclass
+class Run:
+    """Everything one training run carries from step to step, in one place (nanoGPT keeps these
+    as the globals of train.py): the model as trained (``model``, wrapped for DDP/FSDP), the model
+    itself (``base``), what the forward runs through (``runner``: compiled or not), the optimizer,
+    the data, the checkpoint path and where the run stands."""
+
+    config: TrainConfig
+    model: nn.Module
+    base: nn.Module
+    runner: nn.Module
+    optimizer: torch.optim.Optimizer
+    examples: object
+    task: Task
+    dist: Distributed
+    device: torch.device
+    output: str | None
+    at: Position = field(default_factory=Position)
+    history: list[dict] = field(default_factory=list)
+    #: The first optimizer step whose objective was not finite, and that objective, kept on the
+    #: device so that no step waits for it; read at the run's sync points (``check_finite``).
+    bad_step: Tensor | None = None
+    bad_value: Tensor | None = None
+
+    def check_finite(self) -> None:
+        """Stop with the step and value of the first non-finite objective, if there was one. A sync
+        point: called where the loop reads the device anyway (log steps, saves, the end), so a
+        non-finite loss never reaches a checkpoint."""
+        if self.bad_step is None or int(self.bad_step) < 0:
+            return
+        where = f", {self.output} keeps the last good checkpoint" if self.output else ""
+        raise TrainingError(f"step {int(self.bad_step) + 1}: the loss is {self.bad_value.item()}; stopped{where} "
+                            f"(lower train.lr or set train.grad_clip)")
+
+
 def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output: str | None = None,
           resume: str | None = None, until: int | None = None, quiet: bool = False,
           compile: bool = False, on_log: Callable[[int], None] | None = None,
@@ -136,6 +171,7 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     task = registry().create("task", config.task)
     examples = examples_for(model, tokenizer, task, seed=config.seed)
     config = replace(config, steps=planned_steps(config, examples, dist_info.world))
+    warn_short_warmup(config)
     if config.lora is not None:
         if resume is not None:
             raise TrainingError("--resume of a LoRA run is not supported: its checkpoint holds the merged "
@@ -143,67 +179,83 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
         add_lora(model, config.lora)
     choose_trainable(model, config)
     cost = _step_cost(model, examples, config, device)  # before wrapping: a sharded forward is collective
-    base = model
-    model = wrap(model, config, dist_info, device)
-    optimizer = optimizer_for(model, config)
-    at, history = Position(), []
+    wrapped = wrap(model, config, dist_info, device)
+    run = Run(config, wrapped, model, torch.compile(wrapped) if compile else wrapped,
+              optimizer_for(wrapped, config), examples, task, dist_info, device, output)
     if resume is not None:
-        at, history = _resume(resume, model, optimizer, task)
+        run.at, run.history = _resume(resume, run.model, run.optimizer, task)
     else:
         torch.manual_seed(config.seed + dist_info.rank)
-    runner = torch.compile(model) if compile else model
-    autocast = _autocast(config, device)
     last = min(config.steps, until) if until is not None else config.steps
-    report = _Report(config, at, cost, quiet or not dist_info.main, dist_info, device,
-                     _metrics_log(output, log_dir, at.step if resume else None, dist_info))
+    report = _Report(config, run.at, cost, quiet or not dist_info.main, dist_info, device,
+                     _metrics_log(output, log_dir, run.at.step if resume else None, dist_info))
     began = time.perf_counter()
-    model.train()
+    run.model.train()
     with _StopRequests() as stop:
         try:
-            window_start, window_tokens = time.perf_counter(), 0
-            for step in range(at.step, last):
-                loss, batches, signals = _one_step(step, at.consumed, config, examples, runner, model, optimizer,
-                                                   autocast, device, dist_info, output)
-                at.step, at.consumed = step + 1, at.consumed + len(batches) * config.batch_size * dist_info.world
-                window_tokens += sum(examples.tokens(b) for b in batches) * dist_info.world
-                evaluate = bool(config.eval_every) and at.step % config.eval_every == 0 and at.step != last
-                if at.step % config.log_every == 0 or at.step == last or evaluate:
-                    elapsed = time.perf_counter() - window_start
-                    at.seconds, at.tokens = at.seconds + elapsed, at.tokens + window_tokens
-                    entry = report.entry(loss, optimizer, window_tokens / max(elapsed, 1e-9), signals, model)
-                    history.append(entry)
-                    if evaluate:
-                        entry["eval"] = _held_out(examples, model, config, device)
-                        report.held_out(entry)
-                    if at.step != config.steps:  # the run's last entry is written with its final evaluation
-                        report.log(entry)
-                    if on_log is not None:
-                        on_log(at.step)
-                        model.train()
-                    window_start, window_tokens = time.perf_counter(), 0
-                report.bar.update(1)
-                if output and config.save_every and at.step % config.save_every == 0 and at.step != last:
-                    _save(output, model, base, optimizer, at, config, history, dist_info, task)
-                if stop.requested:
-                    where = f"; {output} holds step {at.step}, continue with --resume {output}" if output else ""
-                    if output:
-                        _save(output, model, base, optimizer, at, config, history, dist_info, task)
-                    raise TrainingInterrupted(f"interrupted after step {at.step}{where}")
+            _loop(run, last, report, stop, on_log)
         finally:
             report.close()
-    result_eval = examples.evaluate(model, config, device)
-    if history and last == config.steps:  # the run's end (not an --until pause): its curve ends here
-        history[-1]["eval"] = {k: v for k, v in result_eval.items() if k != "samples"}
-        report.log(history[-1])
+    run.check_finite()
+    result_eval = examples.evaluate(run.model, config, device)
+    if run.history and last == config.steps:  # the run's end (not an --until pause): its curve ends here
+        run.history[-1]["eval"] = {k: v for k, v in result_eval.items() if k != "samples"}
+        report.log(run.history[-1])
     if output:
-        _save_or_rescue(output, model, base, optimizer, at, config, history, dist_info, task, weights_only)
+        _save_or_rescue(run, weights_only)
     report.metrics.close()
     if config.lora is not None:
         if config.lora.adapter and dist_info.main:
-            save_adapter(base, config.lora.adapter, config.lora)
-        merge_lora(base)  # the trained model, plain again
-    return RunResult(history, result_eval, examples.example_prompt(config), last, time.perf_counter() - began,
+            save_adapter(model, config.lora.adapter, config.lora)
+        merge_lora(model)  # the trained model, plain again
+    return RunResult(run.history, result_eval, examples.example_prompt(config), last, time.perf_counter() - began,
                      cost["flops_per_token"])
+
+
+def _loop(run: Run, last: int, report: _Report, stop: _StopRequests, on_log: Callable[[int], None] | None) -> None:
+    """The optimizer steps from ``run.at.step`` up to ``last``: each step's loss and token count
+    stay on the device, and the loop reads them (a sync) only when it logs."""
+    config, at = run.config, run.at
+    window_start, window_tokens = time.perf_counter(), 0
+    for step in range(at.step, last):
+        loss, batches, signals = _one_step(run, step)
+        at.step, at.consumed = step + 1, at.consumed + len(batches) * config.batch_size * run.dist.world
+        window_tokens = window_tokens + sum(run.examples.tokens(b) for b in batches) * run.dist.world
+        evaluate = bool(config.eval_every) and at.step % config.eval_every == 0 and at.step != last
+        if at.step % config.log_every == 0 or at.step == last or evaluate:
+            run.check_finite()  # sync point: the step's loss and token count are read below
+            elapsed = time.perf_counter() - window_start
+            window_tokens = int(window_tokens)
+            at.seconds, at.tokens = at.seconds + elapsed, at.tokens + window_tokens
+            entry = report.entry(float(loss), run.optimizer, window_tokens / max(elapsed, 1e-9),
+                                 {name: float(value) for name, value in signals.items()}, run.model)
+            run.history.append(entry)
+            if evaluate:
+                entry["eval"] = _held_out(run.examples, run.model, config, run.device)
+                report.held_out(entry)
+            if at.step != config.steps:  # the run's last entry is written with its final evaluation
+                report.log(entry)
+            if on_log is not None:
+                on_log(at.step)
+                run.model.train()
+            window_start, window_tokens = time.perf_counter(), 0
+        report.bar.update(1)
+        if run.output and config.save_every and at.step % config.save_every == 0 and at.step != last:
+            _save(run)
+        if stop.requested:
+            where = f"; {run.output} holds step {at.step}, continue with --resume {run.output}" if run.output else ""
+            if run.output:
+                _save(run)
+            raise TrainingInterrupted(f"interrupted after step {at.step}{where}")
+
+
+def warn_short_warmup(config: TrainConfig) -> None:
+    """A run shorter than its warm-up never reaches the learning rate it was given: say so."""
+    if config.warmup > config.steps:
+        peak = lr_factor(config.steps - 1, config)
+        warnings.warn(f"train.warmup={config.warmup} is longer than the run's {config.steps} steps: the learning "
+                      f"rate rises to {peak:.0%} of train.lr={config.lr:g} and never reaches it, nor decays; lower "
+                      f"train.warmup or train longer", stacklevel=3)
 
 
 def _held_out(examples, model: nn.Module, config: TrainConfig, device: torch.device) -> dict:
@@ -295,83 +347,96 @@ def held_out_summary(result: dict) -> str:
     return text
 
 
-def _one_step(step: int, consumed: int, config: TrainConfig, examples, runner: nn.Module,
-              model: nn.Module, optimizer: torch.optim.Optimizer, autocast, device: torch.device,
-              dist_info: Distributed, output: str | None) -> tuple[float, list[dict[str, Tensor]], dict[str, float]]:
+def _one_step(run: Run, step: int) -> tuple[Tensor, list[dict[str, Tensor]], dict[str, Tensor]]:
     """One optimizer step over the ``config.accumulate`` micro-batches of ``step`` -> (their mean
-    loss, the micro-batches, the auxiliary losses' values). The objective is the loss plus
+    loss, the micro-batches, the auxiliary losses' values), all still on the device (nanoGPT's
+    micro-step loop: nothing here waits for the device). The objective is the loss plus
     Σ coefficient·auxiliary loss (a mixture of experts' balancing and z-losses); the loss reported
-    is the task's alone, comparable across models. Gradients are synchronised across ranks on the
-    last micro-batch only."""
-    batches = examples.micro_batches(step, consumed, config, dist_info.rank, dist_info.world, device)
-    for group in optimizer.param_groups:
-        group["lr"] = config.lr * lr_factor(step, config)
-    optimizer.zero_grad(set_to_none=True)
-    total, signals = 0.0, {}
+    is the task's alone, comparable across models. The forward runs under autocast, the backward
+    outside it. Gradients are synchronised across ranks on the last micro-batch only."""
+    config, model = run.config, run.model
+    batches = run.examples.micro_batches(step, run.at.consumed, config, run.dist.rank, run.dist.world, run.device)
+    set_learning_rate(run.optimizer, config, step)
+    run.optimizer.zero_grad(set_to_none=True)
+    total, objective_total, signals = None, None, {}
     for micro, batch in enumerate(batches):
-        with gradient_sync(model, micro == len(batches) - 1), autocast:
-            loss = examples.loss(runner, batch)
-            extra, signals = auxiliary_losses(model)
-            objective = loss if extra is None else loss + extra
-            if not torch.isfinite(objective):
-                raise TrainingError(
-                    f"step {step + 1}: the loss is {objective.item()}; stopped"
-                    + (f", {output} keeps the last good checkpoint" if output else "")
-                    + " (lower train.lr or set train.grad_clip)")
+        with gradient_sync(model, micro == len(batches) - 1):
+            with autocast_for(config, run.device):
+                loss = run.examples.loss(run.runner, batch)
+                extra, signals = auxiliary_losses(model)
+                objective = loss if extra is None else loss + extra
             # One micro-batch backpropagates the objective itself (bit for bit what it always did).
             (objective if len(batches) == 1 else objective / len(batches)).backward()
-        total += loss.item()
+        total = loss.detach() if total is None else total + loss.detach()
+        objective_total = objective.detach() if objective_total is None else objective_total + objective.detach()
+    _note_if_not_finite(run, step, objective_total)
     if config.grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
+    run.optimizer.step()
     return total / len(batches), batches, signals
 
 
-def _save_or_rescue(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer,
-                    at: Position, config: TrainConfig, history: list[dict], dist_info: Distributed,
-                    task: Task, weights_only: bool = False) -> None:
+def _note_if_not_finite(run: Run, step: int, objective: Tensor) -> None:
+    """Keep, on the device, the first step whose objective is not finite and its value."""
+    objective = objective.float()
+    if run.bad_step is None:
+        run.bad_step = torch.full((), -1, dtype=torch.long, device=objective.device)
+        run.bad_value = torch.zeros((), device=objective.device)
+    first = ~torch.isfinite(objective) & (run.bad_step < 0)
+    run.bad_step = torch.where(first, torch.full_like(run.bad_step, step), run.bad_step)
+    run.bad_value = torch.where(first, objective, run.bad_value)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, config: TrainConfig, step: int) -> None:
+    """The schedule, applied: every group's rate at ``step`` (the one place a schedule is read)."""
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr * lr_factor(step, config)
+
+
+def _save_or_rescue(run: Run, weights_only: bool = False) -> None:
     """``_save`` at the end of a run; when that fails (disk full, folder removed, ...) the finished
     run is written to a rescue file in the temp folder instead, and the error says where."""
     try:
-        _save(output, model, base, optimizer, at, config, history, dist_info, task, weights_only=weights_only)
+        _save(run, weights_only=weights_only)
     except (SeqzooError, OSError, ImportError) as error:
-        rescue = Path(tempfile.gettempdir()) / f"seqzoo-rescue-{os.getpid()}-{Path(output).name}"
+        rescue = Path(tempfile.gettempdir()) / f"seqzoo-rescue-{os.getpid()}-{Path(run.output).name}"
         try:
-            _save(str(rescue), model, base, optimizer, at, config, history, dist_info, task, keep=False)
+            _save(run, keep=False, output=str(rescue))
         except (SeqzooError, OSError, ImportError):
             raise error from None
-        raise TrainingError(f"could not save {output} ({error}); the finished run (step {at.step}) is saved "
+        raise TrainingError(f"could not save {run.output} ({error}); the finished run (step {run.at.step}) is saved "
                             f"at {rescue} instead: copy it where you want it, or continue with "
                             f"--resume {rescue}") from None
 
 
-def _save(output: str, model: nn.Module, base: nn.Module, optimizer: torch.optim.Optimizer, at: Position,
-          config: TrainConfig, history: list[dict], dist_info: Distributed, task: Task, keep: bool = True,
-          weights_only: bool = False) -> None:
+def _save(run: Run, *, keep: bool = True, weights_only: bool = False, output: str | None = None) -> None:
     """The model (as ``seqzoo.save`` writes it) plus optimizer state, the run's position (step and
-    stream rows read), RNG state and history, so ``--resume`` continues exactly. Every rank takes
-    part in gathering sharded state; only rank 0 writes. With ``train.keep`` > 1 the last few
-    saves also stay as ``NAME.stepN.safetensors`` beside it. ``weights_only``: the weights and
-    recipe alone, as ``seqzoo.save`` writes them."""
-    weights = model_state(model)
+    stream rows read), RNG state and history, so ``--resume`` continues exactly, to ``output``
+    (default: the run's). Every rank takes part in gathering sharded state; only rank 0 writes.
+    With ``train.keep`` > 1 the last few saves also stay as ``NAME.stepN.safetensors`` beside it.
+    ``weights_only``: the weights and recipe alone, as ``seqzoo.save`` writes them. A sync point:
+    a non-finite loss stops the run before its weights are written."""
+    run.check_finite()
+    config, output = run.config, output or run.output
+    weights = model_state(run.model)
     if config.lora is not None:  # the checkpoint holds the merged weights under their own names
-        weights = merged_state(base, weights)
+        weights = merged_state(run.base, weights)
     if weights_only:
-        if dist_info.main:
-            save(base, output, state=weights)
+        if run.dist.main:
+            save(run.base, output, state=weights)
         return
-    tensors, settings = train_state(model, optimizer)
-    if not dist_info.main:
+    tensors, settings = train_state(run.model, run.optimizer)
+    if not run.dist.main:
         return
     tensors["rng.cpu"] = torch.get_rng_state()
     if torch.cuda.is_available():
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
-    data = {"consumed": at.consumed, "identity": task.identity() if isinstance(task, TokenTask) else ""}
-    meta = {"step": at.step, "config": asdict(config), "history": history, "data": data, **settings}
-    save(base, output, state=weights, extra_tensors=tensors,
+    data = {"consumed": run.at.consumed, "identity": run.task.identity() if isinstance(run.task, TokenTask) else ""}
+    meta = {"step": run.at.step, "config": asdict(config), "history": run.history, "data": data, **settings}
+    save(run.base, output, state=weights, extra_tensors=tensors,
          extra_metadata={"seqzoo.train": json.dumps(meta, default=str)})
     if keep and config.keep > 1:
-        keep_last(Path(output), at.step, config.keep)
+        keep_last(Path(output), run.at.step, config.keep)
 
 
 def keep_last(output: Path, step: int, count: int) -> None:
@@ -419,10 +484,13 @@ def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task:
 
 
 def _uses_bf16(config: TrainConfig, device: torch.device) -> bool:
+    """Whether the run computes under bfloat16 autocast: asked for, or ``auto`` on CUDA (the one
+    place precision is decided; the trainer and the MFU peak both read it)."""
     return config.precision == "bfloat16" or (config.precision == "auto" and device.type == "cuda")
 
 
-def _autocast(config: TrainConfig, device: torch.device):
+def autocast_for(config: TrainConfig, device: torch.device):
+    """The forward's autocast context: bfloat16 where ``_uses_bf16`` says so, else none."""
     if _uses_bf16(config, device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return torch.autocast(device.type, enabled=False)

@@ -28,10 +28,12 @@ path on purpose. float64 (the tests' references) and CUDA tensors always take th
 from __future__ import annotations
 
 import os
-import sys
+import warnings
 
 import torch
 from torch import Tensor
+
+from seqzoo.errors import PerformanceWarning
 
 #: Elements of one chunk's (B, L, D, N) tensors: 2 MiB of float32, which a core's cache holds
 #: while the chunk's dozen elementwise passes run (measured on 2 CPU cores: at B = 8, D = 512,
@@ -71,9 +73,9 @@ def fused_kernel():
             _fused = _fused_scan
         except ImportError as error:
             _fused = False
-            print(f"seqzoo: Mamba's selective scan runs its PyTorch path, several times slower on the CPU "
-                  f"({error.name or error}: not installed); pip install 'seqzoo[fast]' for the fused kernel",
-                  file=sys.stderr)
+            warnings.warn(f"Mamba's selective scan runs its PyTorch path, several times slower on the CPU "
+                          f"({error.name or error}: not installed); pip install 'seqzoo[fast]' for the fused kernel",
+                          PerformanceWarning, stacklevel=2)
     return _fused or None
 
 

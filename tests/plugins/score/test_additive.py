@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import seqzoo
-from seqzoo.interfaces import masked_softmax_attend
+from seqzoo.functional import masked_softmax_attend
 from seqzoo.plugins.score.additive import Additive
 
 # query_dim differs from key_dim, as for a recurrent decoder reading a bidirectional encoder.

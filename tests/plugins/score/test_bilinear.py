@@ -8,7 +8,7 @@ import math
 import torch
 
 import seqzoo
-from seqzoo.interfaces import masked_softmax_attend
+from seqzoo.functional import masked_softmax_attend
 from seqzoo.plugins.score.bilinear import Bilinear
 
 # query_dim differs from key_dim (and the value dim from both), as in a recurrent seq2seq model.

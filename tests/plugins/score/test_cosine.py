@@ -10,7 +10,7 @@ import torch
 
 import seqzoo
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import masked_softmax_attend
+from seqzoo.functional import masked_softmax_attend
 from seqzoo.plugins.score.cosine import Cosine
 
 B, H, K, T, S, D = 2, 4, 2, 5, 7, 8

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import seqzoo
+from seqzoo.config import TrainConfig
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import IGNORE, LanguageModel
 from seqzoo.plugins.task.copying import COPY, PAD, START, copying_rows
 from seqzoo.train.objectives import examples_for
-from seqzoo.train.training import TrainConfig
 
 BYTES = seqzoo.registry().create("tokenizer", "bytes")
 

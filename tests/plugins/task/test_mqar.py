@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 import seqzoo
+from seqzoo.config import TrainConfig
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import IGNORE
 from seqzoo.plugins.task.mqar import allowed_pairs, mqar_rows, query_slot_weights
 from seqzoo.train.objectives import examples_for
-from seqzoo.train.training import TrainConfig
 
 BYTES = seqzoo.registry().create("tokenizer", "bytes")
 

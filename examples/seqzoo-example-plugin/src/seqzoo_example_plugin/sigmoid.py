@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqzoo.errors import ConfigError
-from seqzoo.interfaces import ScoreFunction, causal_mask, expand_kv, upcast
+from seqzoo.functional import causal_mask, expand_kv, upcast
+from seqzoo.interfaces import ScoreFunction
 from seqzoo.schema import PositiveFloat, PositiveInt
 
 
