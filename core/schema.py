@@ -85,6 +85,15 @@ def spec_kind(hint: Any) -> str | None:
     return None
 
 
+def spec_list_kind(hint: Any) -> str | None:
+    """The component kind of a ``list[Spec[...]]`` hint (also inside ``X | None``), or None."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return next((k for a in typing.get_args(hint) if (k := spec_list_kind(a)) is not None), None)
+    if typing.get_origin(hint) in (list, tuple) and typing.get_args(hint):
+        return spec_kind(typing.get_args(hint)[0])
+    return None
+
+
 class Configured:
     """A component whose recipe parameters are one dataclass, ``Config``, shared with whatever else
     reads them (attention's ``Config`` is also the model's ``attention:`` section). The recipe's keys

@@ -49,12 +49,14 @@ def allowed(t: int, window: int | None = None) -> torch.Tensor:
     return ok
 
 
-def reference_attention(attn, x, mask, *, base=None, positions=None, cap=None, sinks=None, qk_norm=None):
+def reference_attention(attn, x, mask, *, base=None, positions=None, cap=None, sinks=None, qk_norm=None,
+                        gate=None):
     """Multi-head attention from ``attn``'s projection weights, in plain torch.
 
     mask (T, S) or broadcastable to (B, H, T, S), True where a query may attend; base: RoPE base
     (None: no rotation); cap: attention softcap c, applied to the scaled logits *before* the mask;
-    sinks (H,): logits joining every softmax denominator (§14.6); qk_norm: (scope, f_q, f_k).
+    sinks (H,): logits joining every softmax denominator (§14.6); qk_norm: (scope, f_q, f_k);
+    gate: a linear whose σ(gate(x)) multiplies the heads' outputs (Qwen3-Next's output gate, §14.9).
     Returns (output (B, T, C), attention weights (B, H, T, S) in float64).
     """
     b, t, _ = x.shape
@@ -79,6 +81,8 @@ def reference_attention(attn, x, mask, *, base=None, positions=None, cap=None, s
         denominator = denominator + sinks.double().exp().view(1, h, 1, 1)
     p = torch.where(denominator > 0, e / denominator, torch.zeros_like(e))  # a row seeing nothing: 0
     out = (p @ v.double()).float().transpose(1, 2).reshape(b, t, h * d)
+    if gate is not None:
+        out = out * torch.sigmoid(F.linear(x, gate.weight, gate.bias))
     return F.linear(out, attn.out_proj.weight, attn.out_proj.bias), p
 
 
@@ -602,3 +606,21 @@ def test_stack_of_plain_blocks_is_their_composition():
         for block in blocks:
             expected = _plain_formula("pre", "sequential", block, expected)
         torch.testing.assert_close(stack(x), final(expected), atol=1e-5, rtol=1e-5)
+
+
+# -- 9. the attention output gate (Qwen3-Next) --------------------------------------------------------
+def test_the_output_gate_multiplies_each_heads_output_by_a_sigmoid_of_the_input():
+    """§14.9: o = W_o (attend(q, k, v) ⊙ σ(W_g x)); W_g is the layer's gate_proj (C -> H·D)."""
+    model = seqzoo.build("tiny-llama", ["model.position=none", "model.attention.output_gate=true"], device="cpu")
+    attn = model.decoder.blocks[0].mixer
+    assert attn.gate_proj.weight.shape == (attn.heads * attn.head_dim, 64)
+    with torch.no_grad():
+        attn.gate_proj.weight.normal_(0, 0.5)
+    x, t = torch.randn(2, 7, 64), 7
+    inputs = context(model.decoder.position, t)
+    with torch.no_grad():
+        expected, _ = reference_attention(attn, x, allowed(t), gate=attn.gate_proj)
+        ungated, _ = reference_attention(attn, x, allowed(t))
+        torch.testing.assert_close(attn(x, inputs), expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(expected, ungated, atol=1e-3)
+    assert "gate_proj" not in "".join(seqzoo.build("tiny-llama", device="meta").state_dict())

@@ -26,7 +26,7 @@ from .plan import ATTENTION, layer_plan, recipe_validator
 #: The model-section keys a ``TransformerStack`` is built from (``Parts.stack``): the keys every
 #: Transformer-stack model (``decoder_lm``, ``encoder``) takes under the same names.
 STACK_KEYS = ("dim", "layers", "max_seq_len", "attention", "ffn", "position", "norm", "placement", "residual",
-              "mixer", "embed_norm", "dropout", "layer_types", "pattern", "layer_overrides")
+              "residual_multiplier", "mixer", "embed_norm", "dropout", "layer_types", "pattern", "layer_overrides")
 
 
 def stack_section(values: dict) -> dict:
@@ -77,7 +77,8 @@ class Parts:
         section = asdict(section) if isinstance(section, AttentionConfig) else section
 
         def dims(mixer: dict) -> tuple[int, int] | None:  # (head_dim, heads) of an attending mixer
-            return self.components.get("mixer", mixer["kind"]).cls.position_dims(mixer, dim)
+            cls = self.components.get("mixer", mixer["kind"]).cls
+            return cls.position_dims(mixer, dim) or next(filter(None, map(dims, cls.branches(mixer))), None)
 
         # The stack's own scheme (embedding-side, bounding the length) is shaped for the attention:
         # section, else the first layer that attends; a layer that does not attend (a recurrence
@@ -101,7 +102,7 @@ class Parts:
                 self.make("mixer", plan.mixer_spec, dim), ffn, partial(self.make, "norm", plan.norm, dim),
                 placement=plan.placement, residual=plan.residual, dropout=dropout,
                 cross_attn=self.cross_attention(dim, plan.attention) if cross else None,
-                mixer_norm=plan.mixer_norm))
+                mixer_norm=plan.mixer_norm, residual_multiplier=plan.residual_multiplier))
         # Post-norm blocks end in a norm already; every other placement needs one at the top.
         top = plans[-1]
         final_norm = self.make("norm", top.norm, dim) if top.placement != "post" else None

@@ -12,8 +12,8 @@ A uniform stack is ``layers: N``. A heterogeneous one names layer types and a re
 
 A layer type overrides any per-layer part of the model section: ``mixer``, ``attention`` (window,
 score, softcap, QK-norm, ...), ``position`` (another scheme, ``none`` for NoPE layers, a RoPE base
-or scaling of its own), ``ffn``, ``norm``, ``placement`` and ``residual``; and ``mixer_norm: false``
-drops the norm before the mixer (ModernBERT's layer 0, whose input is the embedding norm's output).
+or scaling of its own), ``ffn``, ``norm``, ``placement``, ``residual`` and ``residual_multiplier``;
+and ``mixer_norm: false`` drops the norm before the mixer (ModernBERT's layer 0, whose input is the embedding norm's output).
 A mapping is merged into the model's value (a different ``kind`` replaces it); a name replaces it.
 
 The ``attention:`` section is shorthand for ``mixer: {kind: attention, ...}`` with the same keys
@@ -34,15 +34,17 @@ from ..interfaces import CORE_ARGS, PositionScheme
 from ..nn.attention import AttentionConfig, check_attention
 from ..nn.blocks import Placement, Residual
 from ..registry import Registry, registry
-from ..schema import SchemaError, Validator, dotted, instantiate
+from ..schema import PositiveFloat, SchemaError, Validator, dotted, instantiate
 
 ATTENTION = {"kind": "attention"}  # the mixer of a layer whose mixer is null: the attention: section
 
 #: The model-section keys a layer type may override.
-LAYER_KEYS = ("mixer", "attention", "position", "ffn", "norm", "placement", "residual", "mixer_norm")
+LAYER_KEYS = ("mixer", "attention", "position", "ffn", "norm", "placement", "residual", "mixer_norm",
+              "residual_multiplier")
 #: Their values when a model section does not have the key (an encoder–decoder has no residual:;
 #: ``mixer_norm`` is per layer only).
-DEFAULTS = {"mixer": None, "residual": "sequential", "placement": "pre", "mixer_norm": True}
+DEFAULTS = {"mixer": None, "residual": "sequential", "placement": "pre", "mixer_norm": True,
+            "residual_multiplier": 1.0}
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class LayerPlan:
     placement: Placement
     residual: Residual
     mixer_norm: bool = True
+    residual_multiplier: float = 1.0
 
     @property
     def mixer_spec(self) -> dict:
@@ -198,7 +201,8 @@ def _resolve(base: dict, override: dict, model_path: tuple, where: tuple, dim: i
         norm=validator.spec("norm", part["norm"], at("norm")),
         placement=validator.value(part["placement"], Placement, at("placement")),
         residual=validator.value(part["residual"], Residual, at("residual")),
-        mixer_norm=validator.value(part["mixer_norm"], bool, at("mixer_norm")))
+        mixer_norm=validator.value(part["mixer_norm"], bool, at("mixer_norm")),
+        residual_multiplier=validator.value(part["residual_multiplier"], PositiveFloat, at("residual_multiplier")))
 
 
 def _mixer(part: dict, at, where: tuple, model_path: tuple, dim: int,
@@ -251,6 +255,12 @@ def check_layers(model: dict, path: tuple, validator: Validator, *, causal: bool
         if not causal and validator.component("mixer", plan.mixer["kind"], (*where, "mixer")).causal_only:
             raise SchemaError((*where, "mixer"), f"mixer {plan.mixer['kind']!r} is causal by construction and "
                                                  f"cannot serve a bidirectional (encoder) stack (layer {index})")
+        empty = validator.component("mixer", plan.mixer["kind"], (*where, "mixer")).empty
+        if empty and plan.ffn is None:
+            raise SchemaError((*where, "ffn"), f"a layer with mixer none needs an ffn (layer {index} would do nothing)")
+        if empty and plan.residual != "sequential":
+            raise SchemaError((*where, "residual"), f"{plan.residual} residuals run a mixer beside the FFN; this "
+                                                    f"layer has none (layer {index})")
         if plan.residual != "sequential" and plan.placement != "pre":
             raise SchemaError((*where, "residual"), f"{plan.residual} residuals wire pre-norm layers; "
                                                     f"placement is {plan.placement!r} (layer {index})")

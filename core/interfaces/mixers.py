@@ -193,6 +193,9 @@ class Mixer(Part):
     #: query may read), as attention does. A recurrence reads ``context.padding`` only, so it
     #: cannot keep packed documents apart: document masking refuses a stack with such a layer.
     reads_mask: bool = False
+    #: True for the mixer that is no mixer (``none``): the layer is its feed-forward block alone
+    #: (Nemotron-H's FFN-only layers), and the block leaves out the mixer sublayer and its norms.
+    empty: bool = False
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -209,6 +212,12 @@ class Mixer(Part):
         D features, latent attention's d_r-wide rotated part. None for a mixer that never calls
         its position scheme (a recurrence)."""
         return None
+
+    @classmethod
+    def branches(cls, spec: dict) -> list[dict]:
+        """The specs of the mixers this one runs inside it (a parallel layer's branches), so the
+        builder can shape the layer's position scheme for the branch that attends; [] for most."""
+        return []
 
     def forward(self, x: Tensor, context: MixerContext, state: MixerState | None = None) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""

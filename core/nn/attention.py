@@ -53,7 +53,8 @@ class AttentionConfig:
     or ``projection`` — the whole H·D (K·D for keys) projection before it is split into heads
     (OLMo 2). softcap: cap the attention logits at c·tanh(z/c) after scaling, before the mask
     (Gemma 2; null = off). sinks: a learned logit per head that joins the softmax denominator
-    and attends to nothing (gpt-oss; false).
+    and attends to nothing (gpt-oss; false). output_gate: multiply the heads' outputs by σ(W_g x)
+    before the output projection, W_g (C -> H·D) the layer's ``gate_proj`` (Qwen3-Next; false).
     """
 
     heads: Depth
@@ -68,6 +69,7 @@ class AttentionConfig:
     qk_norm_scope: Literal["head", "projection"] = "head"
     softcap: PositiveFloat | None = None
     sinks: bool = False
+    output_gate: bool = False
 
 
 def check_attention(attention: dict, dim: int, path: tuple) -> None:
@@ -173,6 +175,9 @@ class MultiHeadAttention(Mixer):
         else:
             self.qkv_proj = Linear(dim, (h + 2 * k) * d, bias=bias)
         self.out_proj = Linear(h * d, dim, bias=bias if config.out_bias is None else config.out_bias)
+        # Qwen3-Next's query projection is twice as wide, [q | g] per head; a projection of its own
+        # gives the same products and keeps the fused q/k/v layout every other family shares.
+        self.gate_proj = Linear(dim, h * d, bias=bias) if config.output_gate else None
         self.score = score
         self.q_norm, self.k_norm = q_norm, k_norm
         # Zero logits to start: the sink takes e^0 of the denominator, like one more zero-value key.
@@ -198,9 +203,13 @@ class MultiHeadAttention(Mixer):
         return masked_softmax_attend(logits, value, mask=mask, bias=bias, causal=causal, dropout=dropout,
                                      training=self.training, sink=self.sinks)
 
-    def _merge(self, out: Tensor) -> Tensor:
+    def _merge(self, out: Tensor, x: Tensor) -> Tensor:
+        """The heads' outputs (B, H, T, D) -> (B, T, C), gated by σ(W_g x) (``output_gate``)."""
         b, _, t, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        if self.gate_proj is not None:
+            out = out * torch.sigmoid(self.gate_proj(x))
+        return self.out_proj(out)
 
     def forward(self, x: Tensor, context: MixerContext, state: KVSlice | None = None) -> Tensor:
         """Self-attention: x (B, T, C) -> (B, T, C), reading and extending ``state``."""
@@ -221,7 +230,7 @@ class MultiHeadAttention(Mixer):
         if out is None:
             bias = position.bias(q, context.q_pos, context.k_pos, **context.prepared)
             out = self._attend(q, key, value, context.mask, bias, context.causal)
-        return self._merge(out)
+        return self._merge(out, x)
 
     def _materialises(self, context: MixerContext) -> bool:
         """Whether this layer's attention builds (B, H, T, S) logits, a bias or a mask: a softcap,
@@ -317,4 +326,4 @@ class MultiHeadAttention(Mixer):
                 key = self.k_norm(key)
             if cache is not None:
                 cache.memory[layer] = (key, value)
-        return self._merge(self._attend(q, key, value, memory_mask, None, False))
+        return self._merge(self._attend(q, key, value, memory_mask, None, False), x)

@@ -51,13 +51,15 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, mixer: Mixer, ffn: nn.Module | None, norm: Callable[[], nn.Module], *,
                  placement: Placement = "pre", residual: Residual = "sequential", dropout: float = 0.0,
-                 cross_attn: MultiHeadAttention | None = None, mixer_norm: bool = True) -> None:
+                 cross_attn: MultiHeadAttention | None = None, mixer_norm: bool = True,
+                 residual_multiplier: float = 1.0) -> None:
         super().__init__()
         self.placement, self.residual = placement, residual
+        self.residual_multiplier = residual_multiplier
         inputs = placement in ("pre", "post", "sandwich")
         outputs = placement in ("sandwich", "output")
-        self.mixer_norm = norm() if inputs and mixer_norm else None
-        self.mixer_out_norm = norm() if outputs else None
+        self.mixer_norm = norm() if inputs and mixer_norm and not mixer.empty else None
+        self.mixer_out_norm = norm() if outputs and not mixer.empty else None
         self.mixer = mixer
         if cross_attn is not None:
             self.cross_norm = norm() if inputs else None
@@ -69,8 +71,11 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def _drop(self, x: Tensor) -> Tensor:
+        """A sublayer's output as it joins the residual stream: dropped out while training, times
+        ``residual_multiplier`` (Granite's μP ``residual_multiplier``; 1 skips the product)."""
         # Skipping the module call when it cannot change anything saves per-token overhead.
-        return self.dropout(x) if self.training and self.dropout.p > 0 else x
+        x = self.dropout(x) if self.training and self.dropout.p > 0 else x
+        return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
 
     def _sublayer(self, x: Tensor, in_norm: nn.Module | None, out_norm: nn.Module | None, fn) -> Tensor:
         if self.placement == "post":
@@ -88,7 +93,8 @@ class TransformerBlock(nn.Module):
             f = h if self.ffn_norm is None else self.ffn_norm(x)
             out = x + self._drop(self.mixer(h, context, state))
             return out + self._drop(self.ffn(f)) if self.ffn is not None else out
-        x = self._sublayer(x, self.mixer_norm, self.mixer_out_norm, lambda h: self.mixer(h, context, state))
+        if not self.mixer.empty:
+            x = self._sublayer(x, self.mixer_norm, self.mixer_out_norm, lambda h: self.mixer(h, context, state))
         if memory is not None:
             x = self._sublayer(x, self.cross_norm, self.cross_out_norm, lambda h: self.cross_attn.attend_memory(
                 h, memory, memory_mask, context.cache, layer))
@@ -128,7 +134,8 @@ class TransformerStack(nn.Module):
     def residual_branches(self) -> int:
         """How many sublayers add into the residual stream: per block its mixer, its cross-attention
         and its FFN, those it has (the count ``seqzoo.nn.init`` scales residual projections by)."""
-        return sum(1 + (block.cross_attn is not None) + (block.ffn is not None) for block in self.blocks)
+        return sum((not block.mixer.empty) + (block.cross_attn is not None) + (block.ffn is not None)
+                   for block in self.blocks)
 
     @property
     def schemes(self) -> list[PositionScheme]:

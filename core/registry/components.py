@@ -14,7 +14,7 @@ import pluggy
 
 from ..errors import PluginWarning, RegistryError, unknown_name
 from ..interfaces import BASES, CORE_ARGS
-from ..schema import Configured, SchemaError, Validator, call_with, instantiate, spec_kind
+from ..schema import Configured, SchemaError, Validator, call_with, instantiate, spec_kind, spec_list_kind
 from .settings import strict
 
 
@@ -171,9 +171,11 @@ class Registry:
         hints = typing.get_type_hints(schema, include_extras=True)
         out = {} if only_specs else dict(params)
         for name, value in params.items():
-            kind = spec_kind(hints.get(name))
+            kind, many = spec_kind(hints.get(name)), spec_list_kind(hints.get(name))
             if kind is not None and value is not None:
                 out[name] = functools.partial(self.create, kind, value)
+            elif many is not None and value is not None:  # list[Spec[kind]]: a factory per entry
+                out[name] = [functools.partial(self.create, many, item) for item in value]
         return out
 
     def resolve(self, kind: str, name: str, path) -> tuple[type, str]:

@@ -155,6 +155,7 @@ class GemmaConverter(DecoderConverter):
             (not (first.ffn or {}).get("bias"), "model.ffn: Gemma's MLP has no biases"),
             (attn.out_bias in (None, attn.bias), "model.attention: Gemma has q/k/v and output biases alike"),
             (not attn.sinks, "model.attention.sinks is set; Gemma has none"),
+            (not attn.output_gate, "model.attention.output_gate is set; Gemma has none"),
             (m["dim"] % attn.heads == 0,
              f"model.attention.heads={attn.heads} must divide model.dim={m['dim']} (transformers' Gemma config)"),
             (kind_of(attn.score) == "scaled_dot" and query_pre_attn_scalar(scale, head_dim) is not None,

@@ -182,6 +182,7 @@ class BambaConverter(CausalLMConverter):
             (attn.qk_norm is None, "model.attention.qk_norm is set; Bamba has none"),
             (attn.softcap is None, "model.attention.softcap is set; Bamba has none"),
             (not attn.sinks, "model.attention.sinks is set; Bamba has none"),
+            (not attn.output_gate, "model.attention.output_gate is set; Bamba has none"),
             (m["embed_norm"] is None, "model.embed_norm is set; Bamba has none"),
             (not m["scale_embeddings"], "model.scale_embeddings is true; Bamba has none"),
             (m["final_softcap"] is None, "model.final_softcap is set; Bamba has none"),

@@ -232,7 +232,8 @@ class JambaConverter(CausalLMConverter):
             (kind_of(first.norm) == "rmsnorm" and first.placement == "pre" and first.residual == "sequential",
              "model.norm: Jamba is pre-norm RMSNorm with sequential residuals"),
             (not attn.bias and not attn.out_bias and attn.window is None and attn.qk_norm is None
-             and attn.softcap is None and not attn.sinks and kind_of(attn.score) == "scaled_dot"
+             and attn.softcap is None and not attn.sinks and not attn.output_gate
+             and kind_of(attn.score) == "scaled_dot"
              and attn.score.get("scale") is None, "model.attention: Jamba's is plain GQA without biases"),
             (m["embed_norm"] is None and not m["scale_embeddings"] and m["final_softcap"] is None,
              "model: Jamba has no embedding norm, embedding scale or final softcap"),

@@ -21,7 +21,7 @@ class AttentionMixer(MultiHeadAttention, Configured):
     """The keys of ``AttentionConfig``: heads H (required), kv_heads K (null = H), head_dim D
     (null = dim // H), score (scaled_dot), bias on the projections (true) and out_bias (null =
     bias), window (null), dropout on the weights (0), qk_norm (null) over qk_norm_scope (head |
-    projection), softcap (null), sinks (false)."""
+    projection), softcap (null), sinks (false), output_gate (false)."""
 
     Config = AttentionConfig
     example_params = {"heads": 4}

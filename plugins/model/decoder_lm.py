@@ -36,7 +36,10 @@ class DecoderLM(LanguageModel):
     mixer (null = attention, configured by ``attention``; e.g. {kind: recurrent, cell: gru}).
     residual: sequential | parallel | parallel_shared (GPT-NeoX, GPT-J). final_softcap: cap the
     logits at c·tanh(z/c) (Gemma 2; null). layer_types, pattern, layer_overrides: per-layer parts
-    (see ``seqzoo.builder.plan``)."""
+    (see ``seqzoo.builder.plan``). The μP multipliers of Granite and Falcon-H1, 1 by default:
+    embedding_multiplier (the token embeddings, after any √C scale), residual_multiplier (each
+    sublayer's output as it joins the residual stream; also per layer), logits_multiplier (the
+    logits, before any final softcap; Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier)."""
 
     prompt_padding = "left"
     fused_loss = True
@@ -51,11 +54,14 @@ class DecoderLM(LanguageModel):
                  dropout: Probability = 0.0, init_std: PositiveFloat = 0.02,
                  mixer: Spec["mixer"] | None = None, residual: Residual = "sequential",
                  final_softcap: PositiveFloat | None = None, layer_types: dict[str, dict] | None = None,
-                 pattern: list[str] | None = None, layer_overrides: dict[str, Any] | None = None) -> None:
+                 pattern: list[str] | None = None, layer_overrides: dict[str, Any] | None = None,
+                 embedding_multiplier: PositiveFloat = 1.0, residual_multiplier: PositiveFloat = 1.0,
+                 logits_multiplier: PositiveFloat = 1.0) -> None:
         super().__init__()
         self.vocab_size, self.dim, self.max_seq_len = vocab_size, dim, max_seq_len
         self.tie_embeddings = tie_embeddings
         self.embed_scale = math.sqrt(dim) if scale_embeddings else 1.0
+        self.embedding_multiplier, self.logits_multiplier = embedding_multiplier, logits_multiplier
         self.final_softcap = final_softcap
         self.embed = nn.Embedding(vocab_size, dim)
         self.decoder = parts.stack(stack_section(locals()), causal=True)
@@ -103,12 +109,21 @@ class DecoderLM(LanguageModel):
         x = self.embed(input_ids)  # (B, T, C)
         if self.embed_scale != 1.0:  # rounded to the weights' dtype first (Gemma's exact bf16 scale)
             x = x * x.new_tensor(self.embed_scale)
+        if self.embedding_multiplier != 1.0:
+            x = x * self.embedding_multiplier
         x = self.decoder(x, attention_mask=attention_mask, positions=positions, cache=cache, documents=documents)
         if targets is not None and self.final_softcap is None:
-            return linear_cross_entropy(x, self.lm_head.weight, targets, self.lm_head.bias)
+            # m·(x Wᵀ) = (m·x) Wᵀ: the multiplier rides on the hidden states into the fused loss
+            scaled = x if self.logits_multiplier == 1.0 else x * self.logits_multiplier
+            bias = self.lm_head.bias if self.lm_head.bias is None or self.logits_multiplier == 1.0 \
+                else self.lm_head.bias * self.logits_multiplier
+            return linear_cross_entropy(scaled, self.lm_head.weight, targets, bias)
         if logits_to_keep and targets is None:
             x = x[:, -logits_to_keep:]
-        logits = softcap(self.lm_head(x), self.final_softcap)  # (B, T, V); the loss sees capped logits
+        logits = self.lm_head(x)
+        if self.logits_multiplier != 1.0:
+            logits = logits * self.logits_multiplier
+        logits = softcap(logits, self.final_softcap)  # (B, T, V); the loss sees capped logits
         if targets is not None:
             return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # -100: no loss
         return logits

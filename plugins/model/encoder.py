@@ -26,8 +26,8 @@ class Encoder(MaskedLanguageModel):
     """Recipe keys: vocab_size V, dim C, layers, max_seq_len, attention, ffn (gelu), position
     (learned), norm (layernorm), placement (post), type_vocab_size (token types; 2, 0 = none),
     embed_norm (norm after the summed embeddings; BERT's LayerNorm; null), pooler (true),
-    dropout (0), init_std (0.02); mixer, residual, layer_types, pattern, layer_overrides as in
-    ``decoder_lm`` (recurrent mixers are causal and cannot serve an encoder).
+    dropout (0), init_std (0.02); mixer, residual, residual_multiplier, layer_types, pattern,
+    layer_overrides as in ``decoder_lm`` (recurrent mixers are causal and cannot serve an encoder).
 
     mlm_head: the masked-LM head, a ``MaskedLMHeadConfig`` section (``{}`` = BERT's: dense, gelu,
     the model's norm, a decoder tied to the token embedding with its own bias), or null for none
@@ -50,6 +50,7 @@ class Encoder(MaskedLanguageModel):
                  mixer: Spec["mixer"] | None = None, residual: Residual = "sequential",
                  layer_types: dict[str, dict] | None = None, pattern: list[str] | None = None,
                  layer_overrides: dict[str, Any] | None = None, mlm_head: MaskedLMHeadConfig | None = None,
+                 residual_multiplier: PositiveFloat = 1.0,
                  padding_idx: NonNegativeInt | None = None) -> None:
         super().__init__()
         self.vocab_size, self.dim = vocab_size, dim

@@ -24,6 +24,7 @@ def uniform_problem(model: dict) -> str | None:
         (model.get("final_softcap") is None, "model.final_softcap is set; this family has none"),
         (attn.get("softcap") is None, "model.attention.softcap is set; this family has none"),
         (not attn.get("sinks"), "model.attention.sinks is set; this family has none"),
+        (not attn.get("output_gate"), "model.attention.output_gate is set; this family has none"),
     )
 
 
