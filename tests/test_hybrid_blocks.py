@@ -29,7 +29,8 @@ def test_a_parallel_layer_sums_its_branches_each_scaled_in_and_out():
         expected = 2.0 * attention(0.5 * x, context) + 0.25 * ssm(x, context)
         torch.testing.assert_close(layer(x, context), expected)
     names = list(model.state_dict())
-    assert "decoder.blocks.0.mixer.mixers.0.qkv_proj.weight" in names and "decoder.blocks.0.mixer.mixers.1.A_log" in names
+    assert "decoder.blocks.0.mixer.mixers.0.qkv_proj.weight" in names
+    assert "decoder.blocks.0.mixer.mixers.1.A_log" in names
 
 
 @pytest.mark.parametrize("overrides", [[PARALLEL], FFN_ONLY, ["model.embedding_multiplier=3.0",

@@ -13,7 +13,8 @@ A uniform stack is ``layers: N``. A heterogeneous one names layer types and a re
 A layer type overrides any per-layer part of the model section: ``mixer``, ``attention`` (window,
 score, softcap, QK-norm, ...), ``position`` (another scheme, ``none`` for NoPE layers, a RoPE base
 or scaling of its own), ``ffn``, ``norm``, ``placement``, ``residual`` and ``residual_multiplier``;
-and ``mixer_norm: false`` drops the norm before the mixer (ModernBERT's layer 0, whose input is the embedding norm's output).
+and ``mixer_norm: false`` drops the norm before the mixer (ModernBERT's layer 0, whose input is the
+embedding norm's output).
 A mapping is merged into the model's value (a different ``kind`` replaces it); a name replaces it.
 
 The ``attention:`` section is shorthand for ``mixer: {kind: attention, ...}`` with the same keys
