@@ -145,7 +145,7 @@ def copy_weights(seqzoo_model: nn.Module, nano: GPT) -> None:
               "transformer.wpe.weight": state["decoder.position.table.weight"],
               "transformer.ln_f.weight": state["decoder.final_norm.weight"],
               "transformer.ln_f.bias": state["decoder.final_norm.bias"]}
-    names = {"ln_1": "attn_norm", "attn.c_attn": "attn.qkv_proj", "attn.c_proj": "attn.out_proj",
+    names = {"ln_1": "mixer_norm", "attn.c_attn": "mixer.qkv_proj", "attn.c_proj": "mixer.out_proj",
              "ln_2": "ffn_norm", "mlp.c_fc": "ffn.up", "mlp.c_proj": "ffn.down"}
     for i in range(len(nano.transformer.h)):
         for ours, theirs in names.items():

@@ -19,7 +19,8 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def error_line(capsys) -> str:
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("seqzoo")]
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if line.startswith("seqzoo") and not line.startswith("seqzoo: warning")]
     assert len(lines) == 1, lines
     return lines[0]
 
