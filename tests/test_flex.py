@@ -194,17 +194,28 @@ def test_flex_forward_and_backward_equal_the_materialised_path_on_cuda(recipe, o
 
 
 # -- training on the CPU: the materialised path block by block, each block recomputed in the backward
-@pytest.fixture
-def blocks_of_eight(monkeypatch):
+@pytest.fixture(params=["blocked", "query blocks"])
+def blocks_of_eight(request, monkeypatch):
+    """Training attention in small blocks, by either path: ``blocked`` (queries and keys in blocks
+    of 8 with an online softmax, seqzoo.nn.blocked) or ``query blocks`` (the path for dropout and
+    scores that are not a scaled dot product: queries in blocks, each checkpointed)."""
     import seqzoo.nn.attention as attention
+    import seqzoo.nn.blocked as blocked
 
     monkeypatch.setattr(attention, "BLOCKWISE_FROM", 8)
+    calls = []
+    if request.param == "blocked":
+        monkeypatch.setattr(blocked, "BLOCK", 8)
+        run = blocked.blocked_attention
+        monkeypatch.setattr(blocked, "blocked_attention", lambda *a: calls.append(1) or run(*a))
+        return calls
+    monkeypatch.setattr(attention.MultiHeadAttention, "_blocked", lambda *a: None)
     monkeypatch.setattr(attention, "BLOCK_QUERIES", 8)
     # blocks shrink (8 -> 4 -> 2 queries) once a block would read more than 160 logits per head:
     # a 40-token causal sequence takes blocks of every size
     monkeypatch.setattr(attention, "BLOCK_LOGITS", 160)
     monkeypatch.setattr(attention, "MIN_BLOCK", 2)
-    calls, blockwise = [], attention.MultiHeadAttention._blockwise
+    blockwise = attention.MultiHeadAttention._blockwise
     monkeypatch.setattr(attention.MultiHeadAttention, "_blockwise",
                         lambda *a: calls.append(1) or blockwise(*a))
     return calls
@@ -214,7 +225,7 @@ def loss_and_grads(model, ids, **kwargs):
     model.zero_grad()
     out = model(ids, ids, **kwargs) if model.family == "seq2seq" else model(ids, **kwargs)
     out = out if torch.is_tensor(out) else out.logits
-    (out.float().square() * torch.linspace(0, 1, out.shape[-1])).mean().backward()
+    (out.float().square() * torch.linspace(0, 1, out.shape[-1], device=out.device)).mean().backward()
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -264,3 +275,30 @@ def test_a_flex_forward_never_builds_the_whole_mask(small, monkeypatch):
     model = seqzoo.build("tiny-gemma2", device="cpu").eval()
     outputs(model, torch.randint(3, 200, (1, 300)))
     assert small and widths and max(widths) <= flex.BLOCK
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("recipe", "overrides"), CASES)
+def test_flex_on_cuda_equals_the_cpu_blocked_path(recipe, overrides, small, monkeypatch):
+    """The two paths a user trains through at long context, one per device, agree: FlexAttention on
+    CUDA and the CPU's blocks with an online softmax (blocks of 8 here), in loss and gradients."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import seqzoo.nn.attention as attention
+    import seqzoo.nn.blocked as blocked
+
+    torch.manual_seed(0)
+    model = seqzoo.build(recipe, overrides, device="cpu")
+    ids, kwargs = padded_batch(model.family)
+    monkeypatch.setattr(attention, "BLOCKWISE_FROM", 8)
+    monkeypatch.setattr(blocked, "BLOCK", 8)
+    on_cpu, cpu_grads = loss_and_grads(model, ids, **kwargs)
+    model.cuda()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_cuda, cuda_grads = loss_and_grads(model, ids.cuda(), **{k: v.cuda() for k, v in kwargs.items()})
+    assert small
+    real = kwargs["attention_mask"].bool() if kwargs else torch.ones(ids.shape, dtype=torch.bool)
+    torch.testing.assert_close(on_cuda.cpu()[real], on_cpu[real], atol=1e-4, rtol=1e-4)
+    for name, grad in cpu_grads.items():
+        torch.testing.assert_close(cuda_grads[name].cpu(), grad, atol=1e-4, rtol=1e-3, msg=name)

@@ -10,7 +10,16 @@ The contracts live one concept per module (``part``, ``attention``, ``mixers``, 
 """
 from __future__ import annotations
 
-from .attention import DeferredTable, FlexScore, PositionBias, PositionScheme, RopeScaling, Rotary, ScoreFunction
+from .attention import (
+    DeferredTable,
+    FlexScore,
+    PositionBias,
+    PositionScheme,
+    RopeScaling,
+    Rotary,
+    ScoreFunction,
+    distance_table,
+)
 from .data import IGNORE, Task, Tokenizer, TokenTask
 from .feedforward import (
     Activation,
@@ -62,5 +71,5 @@ __all__ = [
     "FlexScore", "IGNORE", "LanguageModel", "MaskSpec", "MaskedLanguageModel", "Mixer", "MixerContext", "MixerState",
     "Model", "Norm", "Part", "PositionBias", "PositionScheme", "RecurrentCell", "RopeScaling", "Rotary", "Router",
     "Routing", "ScoreFunction", "Task", "TokenTask", "Tokenizer", "TransferRule", "auxiliary_losses",
-    "auxiliary_statistics",
+    "auxiliary_statistics", "distance_table",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from ..functional import expand_kv, masked_softmax_attend
@@ -146,14 +147,29 @@ class Rotary:
 
 
 class PositionBias(PositionScheme):
-    """A scheme whose logit bias depends on positions only (ALiBi, T5 buckets): it writes
-    ``prepare(q_pos, k_pos) -> (B|1, H, T, S)``, built at most once per forward and shared by every
-    layer; ``bias`` hands that table back in the query's dtype. The stack defers the table
-    (``DeferredTable``): a forward whose attention runs through FlexAttention's ``score_mod``
-    never builds it."""
+    """A scheme whose logit bias depends on positions only (ALiBi, T5 buckets): ``prepare(q_pos,
+    k_pos) -> (B|1, H, T, S)``, built at most once per forward and shared by every layer; ``bias``
+    hands that table back in the query's dtype. The stack defers the table (``DeferredTable``): a
+    forward whose attention runs through FlexAttention's ``score_mod`` never builds it.
+
+    Most such biases are a function of the distance r = k_pos − q_pos alone: a scheme that says so
+    in ``by_distance`` gets ``prepare`` for free, and attention that works in blocks at long
+    context looks each block up in that (H, R) table instead of building (T × S) ones."""
+
+    def by_distance(self, distances: Tensor) -> Tensor | None:
+        """distances (R,) int64 -> the bias at each, (H, R) float32, learned parameters in its
+        graph; None (the default) where the bias is not a function of the distance alone."""
+        return None
 
     def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must implement prepare(q_pos, k_pos)")
+        """q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S), looked up in ``by_distance``."""
+        q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
+        first, table = distance_table(self, q_pos, k_pos)
+        if table is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement by_distance(distances) "
+                                      f"or prepare(q_pos, k_pos)")
+        index = k_pos[:, None, :] - q_pos[:, :, None] - first  # (B|1, T, S)
+        return table[:, index].transpose(0, 1)
 
     def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: object = None) -> Tensor:
         """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table, or
@@ -162,6 +178,14 @@ class PositionBias(PositionScheme):
             prepared = prepared.table()
         table = prepared if prepared is not None else self.prepare(q_pos, k_pos)
         return table.to(q.dtype)
+
+
+def distance_table(position: PositionBias, q_pos: Tensor, k_pos: Tensor) -> tuple[int, Tensor | None]:
+    """Every distance k_pos − q_pos can take, from the least: (that least r₀, the scheme's (H, R)
+    ``by_distance`` table over r₀ … r₀ + R − 1, or None where it has none) for q_pos (B|1, T),
+    k_pos (B|1, S)."""
+    first, last = int(k_pos.min() - q_pos.max()), int(k_pos.max() - q_pos.min())
+    return first, position.by_distance(torch.arange(first, last + 1, device=q_pos.device))
 
 
 class DeferredTable:

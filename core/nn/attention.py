@@ -17,10 +17,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import InputError
-from ..functional import expand_kv, masked_softmax_attend, softcap
-from ..interfaces import MaskSpec, Mixer, MixerContext, PositionScheme, ScoreFunction
+from ..functional import default_scale, expand_kv, masked_softmax_attend, softcap
+from ..interfaces import MaskSpec, Mixer, MixerContext, PositionBias, PositionScheme, ScoreFunction, distance_table
 from ..schema import Depth, PositiveFloat, PositiveInt, Probability, SchemaError, Size, Spec
-from . import flex
+from . import blocked, flex
+from .blocked import BlockedPlan
 from .cache import DecodeCache, KVSlice
 from .linear import Linear
 
@@ -226,7 +227,9 @@ class MultiHeadAttention(Mixer):
             key, value = state.write(context.cache, key, value)  # (B, K, S, D)
         out = self._flex(q, key, value, context)
         if out is None and q.requires_grad and q.shape[-2] >= BLOCKWISE_FROM and self._materialises(context):
-            out = self._blockwise(q, key, value, context)
+            out = self._blocked(q, key, value, context)
+            if out is None:
+                out = self._blockwise(q, key, value, context)
         if out is None:
             bias = position.bias(q, context.q_pos, context.k_pos, **context.prepared)
             out = self._attend(q, key, value, context.mask, bias, context.causal)
@@ -237,6 +240,52 @@ class MultiHeadAttention(Mixer):
         sinks, a position bias or a mask (plain causal attention is the fused kernel's)."""
         biased = type(context.position).bias is not PositionScheme.bias
         return self.softcap is not None or self.sinks is not None or biased or context.masked
+
+    def _blocked(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor | None:
+        """Training attention that materialises (a softcap, sinks, a distance bias, a mask) in blocks
+        of queries and keys with an online softmax (``seqzoo.nn.blocked``): q (B, H, T, D),
+        key/value (B, K, S, D) -> (B, H, T, D); None where it does not apply (a score that is not a
+        scaled dot product, dropout while training, a bias that is not a function of the distance
+        between positions, such as Shaw's or XL's, which read q)."""
+        score = self.score.flex()
+        if score is None or score.modify is not None or (self.dropout and self.training):
+            return None
+        t, s = q.shape[-2], key.shape[-2]
+        past = s - t
+        causal = context.causal or context.position.causal
+        position, masked = context.position, context.masked
+        q_pos, k_pos = torch.atleast_2d(context.q_pos), torch.atleast_2d(context.k_pos)
+        first, by_distance = 0, None
+        if type(position).bias is not PositionScheme.bias:
+            if not isinstance(position, PositionBias):
+                return None
+            first, by_distance = distance_table(position, q_pos, k_pos)
+            if by_distance is None:
+                return None
+        rows: dict[tuple[int, int], Tensor | None] = {}  # the last query block's mask rows, built once
+
+        def reach(start: int, stop: int) -> tuple[int, int]:
+            first = max(0, past + start - self.window + 1) if causal and self.window else 0
+            return first, (past + stop if causal else s)
+
+        def visible(q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
+            if masked:
+                if (q0, q1) not in rows:
+                    rows.clear()
+                    rows[(q0, q1)] = context.mask_rows(q0, q1)
+                mask = rows[(q0, q1)]
+                return None if mask is None else mask[..., k0:k1]
+            if causal and k1 - 1 > past + q0:  # the block crosses the diagonal
+                keys, queries = torch.arange(k0, k1, device=q.device), torch.arange(q0, q1, device=q.device)
+                return keys[None] <= past + queries[:, None]
+            return None
+
+        def distance(q0: int, q1: int, k0: int, k1: int) -> Tensor:
+            return k_pos[:, None, k0:k1] - q_pos[:, q0:q1, None] - first
+
+        plan = BlockedPlan(default_scale(self.head_dim, score.scale), self.softcap, reach, visible, distance,
+                           block=blocked.BLOCK)
+        return blocked.blocked_attention(q, key, value, plan, self.sinks, by_distance)
 
     def _blockwise(self, q: Tensor, key: Tensor, value: Tensor, context: MixerContext) -> Tensor:
         """The materialised path one block of queries at a time (``BLOCK_QUERIES``, fewer where a

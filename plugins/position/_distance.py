@@ -1,17 +1,11 @@
-"""Distances between query and key positions, for the schemes that bias logits by them (ALiBi,
-hard ALiBi): as a table for the materialised path, one logit at a time for FlexAttention."""
+"""Distances between query and key positions one logit at a time, for FlexAttention's score_mod in
+the schemes that bias logits by them (ALiBi, hard ALiBi); the tables come from ``by_distance``."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
-
-
-def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """p_i − p_j for q_pos (B|1, T) or (T,) and k_pos (B|1, S) or (S,) -> (B|1, T, S), int64."""
-    q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
-    return q_pos[:, :, None] - k_pos[:, None, :]
 
 
 def distance_at(q_pos: Tensor, k_pos: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]:

@@ -18,7 +18,7 @@ from torch import Tensor
 from seqzoo.interfaces import PositionBias
 from seqzoo.registry import builtin
 
-from ._distance import distance_at, relative_distance
+from ._distance import distance_at
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -42,12 +42,11 @@ class Alibi(PositionBias):
         super().__init__(dim, head_dim, heads, max_seq_len)
         self.slopes = alibi_slopes(heads)
 
-    def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """The bias depends on positions only: built once per forward, shared by every layer.
-        −m_h·|q_pos_i − k_pos_j| for q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S) float32."""
-        slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_pos.device)  # (H,)
-        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
-        return -slopes[:, None, None] * distance[:, None]
+    def by_distance(self, distances: Tensor) -> Tensor:
+        """distances (R,) int64 -> −m_h·|r|, (H, R) float32: the bias depends on the distance alone;
+        built once per forward and shared by every layer."""
+        slopes = torch.tensor(self.slopes, dtype=torch.float32, device=distances.device)  # (H,)
+        return -slopes[:, None] * distances.abs().to(torch.float32)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor, prepared: object = None):
         """The same bias for FlexAttention, one logit at a time: score − m_h·|q_pos_i − k_pos_j|."""

@@ -25,7 +25,7 @@ from seqzoo.interfaces import PositionBias
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
-from ._distance import distance_at, relative_distance
+from ._distance import distance_at
 
 #: The bias of a key outside a head's window: a weight of exactly 0 after softmax, never NaN.
 OUTSIDE = -1e4
@@ -56,12 +56,10 @@ class HardAlibi(PositionBias):
         """(H,) float32: each head's window, +∞ for a head without one."""
         return torch.tensor([float("inf") if w is None else float(w) for w in self.windows], device=device)
 
-    def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S) float32: 0 inside each head's window,
-        ``OUTSIDE`` beyond it."""
-        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # (B|1, T, S)
-        inside = distance[:, None] < self._reach(q_pos.device)[:, None, None]
-        return torch.zeros(inside.shape, device=q_pos.device).masked_fill(~inside, OUTSIDE)
+    def by_distance(self, distances: Tensor) -> Tensor:
+        """distances (R,) int64 -> (H, R) float32: 0 inside each head's window, ``OUTSIDE`` beyond it."""
+        inside = distances.abs().to(torch.float32) < self._reach(distances.device)[:, None]
+        return torch.zeros(inside.shape, device=distances.device).masked_fill(~inside, OUTSIDE)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor, prepared: object = None):
         """The same windows for FlexAttention, one logit at a time."""

@@ -68,15 +68,13 @@ class T5RelativeBias(PositionBias):
         self.max_distance = max_distance
         self.table = nn.Embedding(num_buckets, heads)  # E, (N, H)
 
-    def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """The bias depends on positions only: looked up once per forward, shared by every layer
-        (T5 computes it in the first layer and passes it on). E[bucket(k_pos_j − q_pos_i)] for
-        q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S)."""
-        q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
-        relative = k_pos[:, None, :] - q_pos[:, :, None]  # (B|1, T, S)
-        buckets = relative_bucket(relative, bidirectional=not self.causal,
-                                  num_buckets=self.num_buckets, max_distance=self.max_distance)
-        return self.table(buckets).permute(0, 3, 1, 2)
+    def by_distance(self, distances: Tensor) -> Tensor:
+        """distances (R,) int64 -> E[bucket(r)]ᵀ, (H, R): the bias depends on the distance alone. It
+        is looked up once per forward and shared by every layer (T5 computes it in the first layer
+        and passes it on)."""
+        buckets = relative_bucket(distances, bidirectional=not self.causal, num_buckets=self.num_buckets,
+                                  max_distance=self.max_distance)
+        return self.table(buckets).T
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor, prepared: object = None):
         """The same bias for FlexAttention, one logit at a time: score + E[bucket(k_pos_j − q_pos_i), h]."""
