@@ -33,11 +33,12 @@ from ._ssd import ssd_scan, ssd_step
 @builtin("Mamba-2 state-space dual: scalar decay per head, grouped B/C, chunked SSD")
 class Mamba2(Mixer):
     """state: N (128). head_dim: P (64). groups: G, of heads sharing B and C (1). conv: K (4).
-    expand: E / C (2). bias: on in_proj/out_proj (false). conv_bias (true). norm_eps: the gated
-    RMSNorm's ε (1e-5). dt_min, dt_max: initial step range (0.001, 0.1). dt_limit: [lo, hi] clamp
-    of Δ (null: none). chunk: the SSD chunk length (64). mimetic: start as linear attention does, with
-    C's projection and conv channels copies of B's and almost no decay (``_mimetic``; Trockman et al.,
-    2024) (false)."""
+    expand: E / C (2). heads: H, for an E = H·P that is no multiple of C (Nemotron-H-4B: 112 heads
+    of 64 over C = 3072); expand is then not used (null: H = expand·C / P). bias: on in_proj/out_proj
+    (false). conv_bias (true). norm_eps: the gated RMSNorm's ε (1e-5). dt_min, dt_max: initial step
+    range (0.001, 0.1). dt_limit: [lo, hi] clamp of Δ (null: none). chunk: the SSD chunk length (64).
+    mimetic: start as linear attention does, with C's projection and conv channels copies of B's and
+    almost no decay (``_mimetic``; Trockman et al., 2024) (false)."""
 
     causal_only = True
     residual_projections = ("out_proj",)  # A_log, D and the Δ bias are not linears: they keep their init
@@ -47,11 +48,12 @@ class Mamba2(Mixer):
     def __init__(self, dim: int, state: PositiveInt = 128, head_dim: PositiveInt = 64, groups: PositiveInt = 1,
                  conv: PositiveInt = 4, expand: PositiveInt = 2, bias: bool = False, conv_bias: bool = True,
                  norm_eps: PositiveFloat = 1e-5, dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1,
-                 dt_limit: list[float] | None = None, chunk: PositiveInt = 64, mimetic: bool = False) -> None:
+                 dt_limit: list[float] | None = None, chunk: PositiveInt = 64, mimetic: bool = False,
+                 heads: PositiveInt | None = None) -> None:
         super().__init__(dim)
-        inner = expand * dim
+        inner = expand * dim if heads is None else heads * head_dim
         if inner % head_dim or (inner // head_dim) % groups:
-            raise ConfigError(f"mamba2: expand·dim = {inner} must split into heads of head_dim={head_dim}, "
+            raise ConfigError(f"mamba2: the inner width {inner} must split into heads of head_dim={head_dim}, "
                               f"and their number into groups={groups}")
         self.inner, self.heads, self.head_dim, self.groups = inner, inner // head_dim, head_dim, groups
         self.state_size, self.kernel, self.chunk = state, conv, chunk
