@@ -11,6 +11,18 @@ tested equal to one of these, as flash-linear-attention tests its kernels agains
 - ``rnn``, ``lstm``, ``gru``: the Elman, LSTM and GRU cells in torch.nn's parameter layout and
   equations (torch.nn.RNNCell, LSTMCell, GRUCell)
 
+The hybrid era's mixers, one module each (``from seqzoo.reference.delta_rule import delta_rule``;
+the modules are not imported here, so their names stay the modules'):
+
+- ``delta_rule`` (``seqzoo.reference.delta_rule``): DeltaNet, gated DeltaNet and Kimi delta
+  attention, S_t = Diag(α_t)(I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ
+- ``gla`` (``.gla``): gated linear attention, S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ (MiniMax's
+  lightning attention with α fixed per head)
+- ``mlstm`` (``.mlstm``): xLSTM's matrix memory with exponential input gates and their stabiliser
+- ``rg_lru`` (``.rg_lru``): Griffin's real-gated linear recurrent unit
+- ``gated_short_conv`` (``.short_conv``): LFM2's gated causal depthwise convolution
+- ``generalized_delta_rule``, ``rwkv7_time_mix``, ``rwkv7_channel_mix`` (``.rwkv7``): RWKV-7
+
 Each function takes the state before the first token as ``state`` (None: zeros) and returns
 (outputs, final state), so a sequence can be continued by passing the state back in.
 
@@ -185,3 +197,4 @@ def gru(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None 
         h = (1 - z) * n + z * h
         hs.append(h)
     return torch.stack(hs, dim=1), h
+
