@@ -66,7 +66,7 @@ def olmo_hybrid_layer():
 @pytest.mark.parametrize("layer", [qwen3_next_layer, qwen3_5_layer, olmo_hybrid_layer],
                          ids=["qwen3_next", "qwen3_5", "olmo_hybrid"])
 def test_the_mixer_equals_the_transformers_layer_with_its_weights(layer):
-    """The layers of docs/_formulas/gated_deltanet.md's mapping, weights copied across, in float32:
+    """The layers of docs/formulas.md §15.4's mapping, weights copied across, in float32:
     21 tokens in chunks of 8 (transformers' chunks are 64)."""
     hf, weights, options = layer()
     ours = mixer(**options)
@@ -84,7 +84,7 @@ def test_the_mixer_equals_the_transformers_layer_with_its_weights(layer):
 
 # -- the layer written out by hand over seqzoo.reference.delta_rule ---------------------------------
 def through_gated_deltanet(m, x, run):
-    """docs/_formulas/gated_deltanet.md in float64: in_proj, conv + SiLU over [q | k | v], L2-normalised
+    """docs/formulas.md §15.4 in float64: in_proj, conv + SiLU over [q | k | v], L2-normalised
     q and k, g = −exp(A_log)·softplus(a + dt_bias), β = σ(b) (2σ(b) with allow_neg_eigval), the
     delta rule, RMSNorm per value head times w and SiLU(z), out_proj."""
     keys, values = m.key_heads * m.head_dim, m.heads * m.value_head_dim

@@ -225,7 +225,7 @@ def test_minimax_rows_reorder_from_per_head_to_per_kind():
 
 # -- the layer written out by hand over seqzoo.reference.gla ----------------------------------------
 def through_gla(m, x, run):
-    """docs/_formulas/gla.md in float64: in_proj, φ, the log-decays (logsigmoid of the low-rank gate
+    """docs/formulas.md §15.6 in float64: in_proj, φ, the log-decays (logsigmoid of the low-rank gate
     / 16, or the fixed rates), the recurrence, the RMSNorm (per head or whole) times w, the output
     gate (SiLU or σ) after it, out_proj."""
     q, k, v, z, r = m.in_proj(x).split(m.sizes, -1)

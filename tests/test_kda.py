@@ -24,7 +24,7 @@ def mixer(**options) -> torch.nn.Module:
 
 
 def test_the_mixer_equals_kimi_linear_delta_attention_with_its_weights():
-    """docs/_formulas/kda.md's mapping, weights copied across, in float32: 21 tokens in chunks of 8
+    """docs/formulas.md §15.5's mapping, weights copied across, in float32: 21 tokens in chunks of 8
     (transformers' chunks are 64)."""
     from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
     config = KimiLinearConfig(hidden_size=C, num_hidden_layers=1, rms_norm_eps=1e-5, linear_attn_config={
@@ -50,7 +50,7 @@ def test_the_mixer_equals_kimi_linear_delta_attention_with_its_weights():
 
 
 def through_kda(m, x, run):
-    """docs/_formulas/kda.md in float64: in_proj, conv + SiLU over [q | k | v], L2-normalised q and
+    """docs/formulas.md §15.5 in float64: in_proj, conv + SiLU over [q | k | v], L2-normalised q and
     k, g = −exp(A_log)·softplus(f_b_proj(f) + dt_bias) per key channel, β = σ(b), the delta rule,
     RMSNorm per head times w and σ(g_b_proj(r)), out_proj."""
     inner = m.heads * m.head_dim

@@ -213,7 +213,7 @@ def test_a_state_carried_between_calls_equals_transformers_state():
 
 # -- the layer written out by hand over seqzoo.reference.mlstm --------------------------------------
 def through_mlstm(m, x, run):
-    """docs/_formulas/mlstm.md in float64: qkvo_proj, the soft-capped gates, the recurrence, the
+    """docs/formulas.md §15.8 in float64: qkvo_proj, the soft-capped gates, the recurrence, the
     norm over each head (LayerNorm or RMSNorm) times w (+ b), σ(o), out_proj."""
     q, k, v, o = m.qkvo_proj(x).split(m.sizes, -1)
     i, f = (m.gate_soft_cap * torch.tanh(m.if_proj(x) / m.gate_soft_cap)).chunk(2, -1)

@@ -33,7 +33,7 @@ def recurrence_inputs(length: int, dtype=torch.float64, steep: float = 0.0, batc
 
 
 def scan_inputs(x, i, r, lam, c=8.0):
-    """docs/_formulas/rg_lru.md: g = log a = −c·r·softplus(Λ), b = √(1 − a²) ⊙ i ⊙ x."""
+    """docs/formulas.md §15.10: g = log a = −c·r·softplus(Λ), b = √(1 − a²) ⊙ i ⊙ x."""
     g = -c * r * F.softplus(lam)
     return g, torch.sqrt(1 - torch.exp(2 * g)) * i * x
 
@@ -120,7 +120,7 @@ def mixer(**options) -> torch.nn.Module:
 
 
 def recurrent_gemma_block():
-    """transformers' block and ours with its weights (docs/_formulas/rg_lru.md's mapping)."""
+    """transformers' block and ours with its weights (docs/formulas.md §15.10's mapping)."""
     recurrent_gemma = pytest.importorskip("transformers.models.recurrent_gemma.modeling_recurrent_gemma")
     from transformers.models.recurrent_gemma.configuration_recurrent_gemma import RecurrentGemmaConfig
     config = RecurrentGemmaConfig(hidden_size=C, lru_width=W, num_attention_heads=H, num_hidden_layers=3,
@@ -165,7 +165,7 @@ def test_cached_decoding_equals_recurrentgemmas_cached_decoding():
 
 
 def through_rg_lru(m, x, run):
-    """docs/_formulas/rg_lru.md in float64: in_proj [u | y], the causal conv with its bias, the
+    """docs/formulas.md §15.10 in float64: in_proj [u | y], the causal conv with its bias, the
     block-diagonal gates, the RG-LRU with its reset at the first token, h ⊙ GeLU_tanh(y), out_proj."""
     u, y = m.in_proj(x).chunk(2, -1)
     u = m.conv1d(F.pad(u.transpose(1, 2), (m.kernel - 1, 0))).transpose(1, 2)

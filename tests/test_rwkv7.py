@@ -123,7 +123,7 @@ def mixer(**options) -> torch.nn.Module:
 
 
 def authors_tensors(m) -> dict[str, torch.Tensor]:
-    """Our parameters under RWKV-LM's names and layouts (docs/_formulas/rwkv7.md's mapping)."""
+    """Our parameters under RWKV-LM's names and layouts (docs/formulas.md §15.7's mapping)."""
     out = {f"x_{n}": m.x_mix[i] for i, n in enumerate("rwkvag")}
     for ours, theirs in (("w_lora", "w"), ("a_lora", "a"), ("v_lora", "v")):
         if hasattr(m, ours):

@@ -21,7 +21,7 @@ def mixer(**options) -> torch.nn.Module:
 
 
 def lfm2_layer(conv_bias: bool, kernel: int = 3):
-    """transformers' layer and ours with its weights (docs/_formulas/short_conv.md's mapping: the
+    """transformers' layer and ours with its weights (docs/formulas.md §15.9's mapping: the
     same names, ``conv`` -> ``conv1d``); LFM2's one ``conv_bias`` switches all three biases."""
     lfm2 = pytest.importorskip("transformers.models.lfm2.modeling_lfm2")
     from transformers.models.lfm2.configuration_lfm2 import Lfm2Config
@@ -64,7 +64,7 @@ def test_cached_decoding_equals_lfm2s_cached_decoding():
 
 
 def through_short_conv(m, x, run):
-    """docs/_formulas/short_conv.md in float64: in_proj split [B | C | x], the gated conv
+    """docs/formulas.md §15.9 in float64: in_proj split [B | C | x], the gated conv
     token by token, out_proj."""
     b, c, u = m.in_proj(x).chunk(3, -1)
     y, _ = run(b, c, u, m.conv1d.weight[:, 0], m.conv1d.bias)
