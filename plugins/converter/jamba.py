@@ -226,7 +226,7 @@ class JambaConverter(CausalLMConverter):
              "model.ffn must be swiglu without biases"),
             (not moes or softmax_moe_problem(moes[0], "Jamba", normalize=False) is None,
              moes and softmax_moe_problem(moes[0], "Jamba", normalize=False)),
-            (not moes or not denses or moes[0]["expert"]["hidden"] == denses[0]["hidden"],
+            (not moes or not denses or moes[0]["expert"]["hidden"] == (denses[0] or {}).get("hidden"),
              "model.ffn: Jamba's experts are as wide as its dense FFN"),
             (kind_of(first.position) == "none", f"model.position is {kind_of(first.position)}; Jamba has none"),
             (kind_of(first.norm) == "rmsnorm" and first.placement == "pre" and first.residual == "sequential",
