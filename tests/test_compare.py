@@ -181,3 +181,19 @@ def test_a_finished_run_survives_a_setting_that_a_later_version_adds(data, tmp_p
     assert "1 of 1 run(s) already finished" in capsys.readouterr().err
     assert main([*command, "--set", "train.lr=5.0e-4"]) == 0
     assert "its recipe changed since the last time; starting it over" in capsys.readouterr().err
+
+
+def test_the_shipped_comparison_plans_every_block_at_gpt2s_parameter_count(tmp_path):
+    """examples/compare/ as docs/compare.md runs it: every block resolves, passes the like-for-like
+    checks, and its FFN width is solved to within 0.6% of GPT-2's count (nothing is built but on
+    the meta device)."""
+    from pathlib import Path
+
+    folder = Path(__file__).parent.parent / "examples" / "compare"
+    names = sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in ("base", "gpt2"))
+    assert {"gdn", "kda", "gla", "rwkv7", "xlstm", "lfm2", "griffin"} <= set(names)
+    arms = [Arm(name, str(folder / f"{name}.yaml")) for name in ["gpt2", *names]]
+    runs = plan(arms, tmp_path, tokens=2_000_000, match_params=True, log=lambda _: None).runs
+    target = runs[0].parameters
+    for run in runs[1:]:
+        assert abs(run.parameters - target) / target < 0.006, (run.arm, run.parameters, target)
