@@ -11,7 +11,7 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
     "gelu": ("gelu", "none"), "gelu_python": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
     "gelu_fast": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", None),
     "silu": ("silu", None), "swish": ("silu", None), "quick_gelu": ("quick_gelu", None),
-    "tanh": ("tanh", None), "sigmoid": ("sigmoid", None),
+    "tanh": ("tanh", None), "sigmoid": ("sigmoid", None), "relu2": ("relu2", None),
 }
 
 
