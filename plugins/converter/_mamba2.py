@@ -34,15 +34,17 @@ NAMES = {"heads": "num_heads", "head_dim": "head_dim", "state": "state_size", "g
          "chunk": "chunk_size"}
 
 
-def mixer_spec(c: Mapping, names: Mapping[str, str], dim: int, eps: float) -> dict:
+def mixer_spec(c: Mapping, names: Mapping[str, str], dim: int, eps: float, *, free_heads: bool = False) -> dict:
     """The ``mamba2`` mixer spec for config ``c`` (defaults filled in) whose options are called
-    ``names``, or a CheckpointError naming the first option seqzoo cannot express."""
+    ``names``, or a CheckpointError naming the first option seqzoo cannot express. ``free_heads``:
+    the family sizes the inner width by heads × head_dim alone (Nemotron-H), so the spec names
+    ``heads`` and ``expand`` is not used."""
     get = {key: c[name] for key, name in names.items()}
     heads, head_dim, groups, expand = get["heads"], get["head_dim"], get["groups"], get["expand"]
     reader = HFConfig(c)
     for key in ("heads", "head_dim", "state", "groups", "conv", "expand", "chunk"):
         reader.positive_int(names[key])
-    if heads * head_dim != expand * dim:
+    if not free_heads and heads * head_dim != expand * dim:
         raise CheckpointError(f"config.json: {names['heads']} {heads} × {names['head_dim']} {head_dim} = "
                               f"{heads * head_dim} must equal {names['expand']}·hidden_size = {expand * dim}")
     if heads % groups:
@@ -50,12 +52,14 @@ def mixer_spec(c: Mapping, names: Mapping[str, str], dim: int, eps: float) -> di
                               f"{names['heads']} {heads}")
     return {"kind": "mamba2", "state": get["state"], "head_dim": head_dim, "groups": groups, "conv": get["conv"],
             "expand": expand, "bias": get["bias"], "conv_bias": get["conv_bias"], "norm_eps": eps,
-            "dt_limit": time_step_limit(c["time_step_limit"]), "chunk": get["chunk"]}
+            "dt_limit": time_step_limit(c["time_step_limit"]), "chunk": get["chunk"],
+            **({"heads": heads} if free_heads else {})}
 
 
 def mixer_config(spec: Mapping, names: Mapping[str, str], dim: int) -> dict:
     """config.json's mixer options (called ``names``) for a resolved ``mamba2`` spec."""
-    values = {**{key: spec[key] for key in names if key != "heads"}, "heads": spec["expand"] * dim // spec["head_dim"]}
+    heads = spec.get("heads") or spec["expand"] * dim // spec["head_dim"]
+    values = {**{key: spec[key] for key in names if key != "heads"}, "heads": heads}
     out = {name: values[key] for key, name in names.items()}
     if spec["dt_limit"] is not None:  # else the configs' default (0, ∞), which JSON cannot spell portably
         out["time_step_limit"] = [float(v) for v in spec["dt_limit"]]
@@ -71,10 +75,13 @@ def mixer_rules(ours: str, theirs: str, spec: Mapping) -> list[Rule]:
     return rules + linear(ours + "out_proj", theirs + "out_proj", spec["bias"])
 
 
-def mixer_problem(spec: Mapping, eps: float, family: str) -> str | None:
-    """Why a resolved ``mamba2`` spec has no HF form (the family has one ε, ``eps``), or None."""
+def mixer_problem(spec: Mapping, eps: float, family: str, *, free_heads: bool = False) -> str | None:
+    """Why a resolved ``mamba2`` spec has no HF form (the family has one ε, ``eps``; ``free_heads``
+    as for ``mixer_spec``), or None."""
     limit = spec["dt_limit"]
     return first_problem(
+        (free_heads or spec.get("heads") is None,
+         f"model.mixer.heads is set; {family} sizes its Mamba-2 layers by expand·hidden_size"),
         (spec["norm_eps"] == eps, f"model.mixer.norm_eps {spec['norm_eps']} must equal model.norm.eps {eps} "
                                   f"({family} has one ε)"),
         (limit is None or (len(limit) == 2 and limit[0] <= limit[1]),
