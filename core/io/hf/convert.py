@@ -112,11 +112,14 @@ def _check_weights(converter: HFConverter, config: dict, folder: Path, model: nn
     """
     state = model.state_dict()
     expected: dict[str, tuple[int, ...]] = {}
+    cut: dict[str, tuple[str, ...]] = {}  # a source of an any_cut rule -> all of that rule's
     for rule in rules:
         # Shapes only: saving a meta copy costs nothing (a fused qkv reorder would copy real data).
         meta = [torch.empty_like(state[t], device="meta") for t in rule.targets]
         for name, tensor in zip(rule.sources, rule.save(*meta), strict=True):
             expected[name] = tuple(tensor.shape)
+            if rule.any_cut:
+                cut[name] = rule.sources
     names = dict(stored)
     problems = []
     aliases = converter.aliases(config, model.recipe)
@@ -134,7 +137,12 @@ def _check_weights(converter: HFConverter, config: dict, folder: Path, model: nn
     dropped = {what: found for what, found in dropped.items() if found}
     unexpected = sorted(n for n in extra if not any(n in found for found in dropped.values()))
     shapes = sorted(f"{n} {weights.shape(names[n])} != {shape}" for n, shape in expected.items()
-                    if n in names and weights.shape(names[n]) != shape)
+                    if n in names and n not in cut and weights.shape(names[n]) != shape)
+    for parts in sorted(set(cut.values())):  # cut anywhere: only the parts stacked must agree
+        if all(n in names for n in parts):
+            ours, theirs = _stacked(parts, expected.get), _stacked(parts, lambda n: weights.shape(names[n]))
+            if theirs != ours:
+                shapes.append(f"{' + '.join(parts)} {theirs} != {ours}")
     problems += mismatches(missing, unexpected, shapes, against="config")
     if problems:
         raise CheckpointError(f"{folder}: weights do not match its {converter.model_type} config: "
@@ -144,6 +152,11 @@ def _check_weights(converter: HFConverter, config: dict, folder: Path, model: nn
         warnings.warn(f"{folder}: dropped {what}: seqzoo's {model.recipe['model']['kind']} has no place "
                       f"for it", stacklevel=3)
     return names
+
+
+def _stacked(parts: tuple[str, ...], shape) -> tuple[int, ...]:
+    """The shape of the tensors ``parts`` (each's shape ``shape(name)``) stacked along dim 0."""
+    return (sum(shape(n)[0] for n in parts), *shape(parts[0])[1:])
 
 
 # -- export ----------------------------------------------------------------------------------------

@@ -27,6 +27,9 @@ class Rule:
     sources: tuple[str, ...]
     load: Callable[..., Tensor | tuple[Tensor, ...]] = lambda tensor: tensor
     save: Callable[..., tuple[Tensor, ...]] = _one
+    #: The sources are one tensor cut along dim 0 wherever its writer chose (``fused(...,
+    #: any_cut=True)``): the import checks their rows in all, not each source's.
+    any_cut: bool = False
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -48,10 +51,12 @@ def transposed(target: str, source: str) -> Rule:
     return Rule(target, (source,), lambda w: w.t(), lambda w: (w.t(),))
 
 
-def fused(target: str, sources: tuple[str, ...], sizes: tuple[int, ...]) -> Rule:
-    """Separate projections (q, k, v) stacked along the output dim: [q (H·D) | k (K·D) | v (K·D)]."""
+def fused(target: str, sources: tuple[str, ...], sizes: tuple[int, ...], *, any_cut: bool = False) -> Rule:
+    """Separate projections (q, k, v) stacked along the output dim: [q (H·D) | k (K·D) | v (K·D)],
+    cut at ``sizes`` on export. ``any_cut``: on import the parts may be cut elsewhere (OLMo-Hybrid's
+    q/k/v convs, which transformers saves in three equal chunks)."""
     return Rule(target, tuple(sources), lambda *parts: torch.cat(parts, dim=0),
-                lambda t: tuple(t.split(list(sizes), dim=0)))
+                lambda t: tuple(t.split(list(sizes), dim=0)), any_cut)
 
 
 def split(targets: tuple[str, ...], source: str, sizes: tuple[int, ...]) -> Rule:
