@@ -33,6 +33,12 @@ NAMES = {"heads": "num_heads", "head_dim": "head_dim", "state": "state_size", "g
          "conv": "conv_kernel", "expand": "expand", "bias": "use_bias", "conv_bias": "use_conv_bias",
          "chunk": "chunk_size"}
 
+#: The Mamba-2 mixer's options under ``mamba_*`` names (Bamba's and Granite 4.0-H's configs), by
+#: seqzoo ``mamba2`` parameter.
+MAMBA_PREFIXED = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state": "mamba_d_state",
+                  "groups": "mamba_n_groups", "conv": "mamba_d_conv", "expand": "mamba_expand",
+                  "bias": "mamba_proj_bias", "conv_bias": "mamba_conv_bias", "chunk": "mamba_chunk_size"}
+
 
 def mixer_spec(c: Mapping, names: Mapping[str, str], dim: int, eps: float, *, free_heads: bool = False) -> dict:
     """The ``mamba2`` mixer spec for config ``c`` (defaults filled in) whose options are called

@@ -41,12 +41,9 @@ from seqzoo.io.hf.config import HFConfig
 from seqzoo.io.hf.rope import partial_factor, rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
 
+from ._mamba2 import MAMBA_PREFIXED as NAMES
 from ._mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
 
-#: BambaConfig's names of the Mamba-2 mixer's options, by seqzoo ``mamba2`` parameter.
-NAMES = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state": "mamba_d_state",
-         "groups": "mamba_n_groups", "conv": "mamba_d_conv", "expand": "mamba_expand", "bias": "mamba_proj_bias",
-         "conv_bias": "mamba_conv_bias", "chunk": "mamba_chunk_size"}
 #: Per-layer kinds as transformers names them (``layers_block_type``) and as the recipe does.
 KINDS = {"full_attention": "attention", "linear_attention": "mamba"}
 PARTIAL = 0.5  # BambaConfig's partial_rotary_factor when rope_parameters names none

@@ -50,8 +50,8 @@ from seqzoo.io.hf.config import HFConfig
 from seqzoo.io.hf.rope import rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
 
+from ._mamba2 import MAMBA_PREFIXED as NAMES
 from ._mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
-from .bamba import NAMES
 
 #: Per-layer kinds as config.json names them (legacy names, and transformers 5's) -> the recipe's.
 KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention"}
