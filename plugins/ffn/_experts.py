@@ -32,14 +32,28 @@ class StackedExperts(nn.Module):
     """Built from E expert modules of one gated kind (their weights are stacked, their activation
     kept); ``forward(parts)`` runs expert e on ``parts[e]`` (N_e, C) -> (Σ N_e, C)."""
 
-    def __init__(self, experts: list[nn.Module]) -> None:
+    def __init__(self, experts: list[nn.Module], count: int | None = None) -> None:
+        """``experts``: the E built experts, their weights stacked; or, with ``count``, one expert on
+        the meta device that stands for all E (a model built to be counted or loaded into: no
+        values to stack, and building hundreds of expert modules per layer only to drop them took
+        most of a 512-expert model's build)."""
         super().__init__()
         first = experts[0]
-        self.count, self.hidden = len(experts), first.hidden
+        self.count, self.hidden = count or len(experts), first.hidden
         self.activation = first.activation
+        has_bias = first.gate.bias is not None
+        if count is not None:
+            if not first.gate.weight.is_meta:
+                raise ValueError("StackedExperts(count=...) takes one expert on the meta device")
+            rows, width = 2 * self.hidden, first.gate.weight.shape[1]
+            meta = first.gate.weight
+            self.gate_up = nn.Parameter(meta.new_empty(count, rows, width))
+            self.down = nn.Parameter(meta.new_empty(count, width, self.hidden))
+            self.gate_up_bias = nn.Parameter(meta.new_empty(count, rows)) if has_bias else None
+            self.down_bias = nn.Parameter(meta.new_empty(count, width)) if has_bias else None
+            return
         self.gate_up = nn.Parameter(torch.stack([torch.cat([e.gate.weight, e.up.weight]) for e in experts]).detach())
         self.down = nn.Parameter(torch.stack([e.down.weight for e in experts]).detach())
-        has_bias = first.gate.bias is not None
         self.gate_up_bias = nn.Parameter(torch.stack([torch.cat([e.gate.bias, e.up.bias]) for e in experts])
                                          .detach()) if has_bias else None
         self.down_bias = nn.Parameter(torch.stack([e.down.bias for e in experts]).detach()) if has_bias else None

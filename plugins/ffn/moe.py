@@ -85,13 +85,17 @@ class MixtureOfExperts(FeedForward, AuxiliaryLosses):
             raise ConfigError("moe: shared_gate needs a shared expert (set shared)")
         # router, expert and shared arrive as factories (the recipe's specs, built by the registry)
         self.router = router(dim, experts, top_k)
-        built = [expert(dim) for _ in range(experts)]
-        if isinstance(built[0], MixtureOfExperts):
+        first = expert(dim)
+        if isinstance(first, MixtureOfExperts):
             raise ConfigError("moe: an expert must be a dense ffn, not another moe")
         # gated experts are stacked (one product per expert for gate and up, no module per expert);
         # any other dense ffn stays a list of modules
-        stack = isinstance(built[0], GLU) and built[0].dropout.p == 0
-        self.experts = StackedExperts(built) if stack else nn.ModuleList(built)
+        stack = isinstance(first, GLU) and first.dropout.p == 0
+        if stack and first.gate.weight.is_meta:  # nothing to initialise: the first stands for all
+            self.experts = StackedExperts([first], count=experts)
+        else:
+            built = [first, *(expert(dim) for _ in range(experts - 1))]
+            self.experts = StackedExperts(built) if stack else nn.ModuleList(built)
         self.count = experts
         self.shared = shared(dim) if shared is not None else None
         self.shared_gate = Linear(dim, 1, bias=False) if shared_gate else None
