@@ -30,6 +30,6 @@ def seqzoo_components() -> list[seqzoo.Component]:
                          summary="learned per-head bias −r1·ln(1 + r2·|i−j|) (KERPLE-log, Chi 2022)"),
         seqzoo.Component("cell", "mingru", MinGRU,
                          summary="minimal GRU: z = σ(W_z x), h' = (1 − z)·h + z·W_h x (Feng 2024)"),
-        seqzoo.Component("mixer", "causal_conv", CausalConv, aliases=("short_conv",),
+        seqzoo.Component("mixer", "causal_conv", CausalConv, aliases=("depthwise_conv",),
                          summary="causal depthwise conv y_t = Σ_i w_i·x_{t−i} per channel (H3/Hyena/Mamba)"),
     ]
