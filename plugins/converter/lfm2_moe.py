@@ -31,8 +31,8 @@ from seqzoo.io.hf import Rule, copy, first_problem, glu_ffn, kind_of
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
+from ._lfm2 import DEFAULTS, KINDS, SWIGLU, Lfm2Family, swiglu
 from ._moe import expert_rules
-from .lfm2 import DEFAULTS, KINDS, SWIGLU, Lfm2Converter, swiglu
 
 #: Lfm2MoeConfig's defaults.
 MOE_DEFAULTS: dict[str, Any] = {
@@ -44,7 +44,7 @@ MOE_DEFAULTS: dict[str, Any] = {
 
 @builtin("Hugging Face LFM2-MoE <-> decoder_lm (LFM2's conv/attention layers, sigmoid-routed experts after "
          "dense layers)")
-class Lfm2MoeConverter(Lfm2Converter):
+class Lfm2MoeConverter(Lfm2Family):
     """config.json keys: LFM2's (without the block_* FFN keys and full_attn_idxs) plus
     moe_intermediate_size, num_dense_layers, num_experts, num_experts_per_tok, use_expert_bias,
     routed_scaling_factor, norm_topk_prob; output_router_logits changes nothing seqzoo computes."""

@@ -96,7 +96,11 @@ class MLSTM(Mixer):
         self.if_proj = Linear(dim, 2 * heads, bias=True)
         with torch.no_grad():
             self.if_proj.weight.zero_()
-            self.if_proj.bias.copy_(torch.cat([torch.full((heads,), -10.0), torch.linspace(3.0, 6.0, heads)]))
+            # on the parameter's device: a transformers from_pretrained earlier in the process can
+            # leave torch.linspace without the meta device's default
+            device = self.if_proj.bias.device
+            forget = torch.linspace(3.0, 6.0, heads, device=device)
+            self.if_proj.bias.copy_(torch.cat([torch.full((heads,), -10.0, device=device), forget]))
         self.norm = HeadNorm(heads, self.value_head_dim, norm_eps, norm, bias)
         self.out_proj = Linear(values, dim, bias=bias)
 
