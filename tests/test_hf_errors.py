@@ -262,3 +262,16 @@ def test_index_that_lists_a_tensor_in_the_wrong_shard_is_an_error(gpt2_folder):
     (gpt2_folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(seqzoo.CheckpointError, match=r"tensors listed but not in their shard: ghost\.weight"):
         seqzoo.from_hf(gpt2_folder)
+
+
+def test_a_model_without_attention_settings_is_weighed_by_every_exporter(tmp_path):
+    """A stack with no attention section (every layer a recurrent mixer) is refused or taken by
+    each family's exporter in words, never with an AttributeError from one that reads attention."""
+    from seqzoo.io.hf.convert import converter_for, supported
+
+    for recipe in ("tiny-rwkv7", "tiny-xlstm", "tiny-mamba", "tiny-gla", "tiny-gru-mixer"):
+        model = seqzoo.build(recipe, ["model.attention=null"], device="meta")
+        reasons = {name: converter_for(name).accepts(model.recipe) for name in supported()}
+        assert reasons["bamba"] == "model.attention is null; Bamba's attention layers need its settings"
+        assert reasons["gemma2"] == "model.attention is null; Gemma's attention layers need its settings"
+        assert all(reason is None or isinstance(reason, str) for reason in reasons.values())

@@ -135,6 +135,8 @@ class GemmaConverter(DecoderConverter):
         if m["kind"] != "decoder_lm":
             return f"model.kind is {m['kind']}, needs decoder_lm"
         plans = layer_plan(m)
+        if plans[0].attention is None:
+            return "model.attention is null; Gemma's attention layers need its settings"
         first, attn = plans[0], plans[0].attention
         act = ffn_activation(first.ffn, TANH)
         head_dim = attn.head_dim or m["dim"] // attn.heads

@@ -152,6 +152,8 @@ class BambaConverter(CausalLMConverter):
         if m["kind"] != "decoder_lm":
             return f"model.kind is {m['kind']}, needs decoder_lm"
         plans = layer_plan(m)
+        if plans[0].attention is None:
+            return "model.attention is null; Bamba's attention layers need its settings"
         first, spec = plans[0], self.mamba_spec(m, plans)
         attn = first.attention
         head_dim = attn.head_dim or m["dim"] // attn.heads

@@ -137,6 +137,8 @@ class GptOssConverter(DecoderConverter):
         if m["kind"] != "decoder_lm":
             return f"model.kind is {m['kind']}, needs decoder_lm"
         plans = layer_plan(m)
+        if plans[0].attention is None:
+            return "model.attention is null; gpt-oss's attention layers need its settings"
         windows = {p.attention.window for p in plans} - {None}
         alike = [replace(p, type=None, attention=replace(p.attention, window=None)) for p in plans]
         spec = plans[0].ffn or {}

@@ -200,6 +200,8 @@ class JambaConverter(CausalLMConverter):
         if m["kind"] != "decoder_lm":
             return f"model.kind is {m['kind']}, needs decoder_lm"
         plans = layer_plan(m)
+        if plans[0].attention is None:
+            return "model.attention is null; Jamba's attention layers need its settings"
         attends = [p.mixer["kind"] == "attention" for p in plans]
         sparse = [p.ffn is not None and p.ffn["kind"] == "moe" for p in plans]
         mambas = [p.mixer for p in plans if p.mixer["kind"] == "mamba"]

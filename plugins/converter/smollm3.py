@@ -109,6 +109,8 @@ class SmolLM3Converter(DecoderConverter):
         if not m.get("pattern") and not m.get("layer_overrides"):
             return ("model.pattern is null; SmolLM3 marks each layer rope or nope (layer_types + pattern), "
                     "a uniform RoPE stack is LLaMA")
+        if m["attention"] is None:
+            return "model.attention is null; SmolLM3's layers attend"
         # The model-wide parts are LLaMA's; then each layer may only drop RoPE or slide.
         uniform = {**m, "layer_types": None, "pattern": None, "layer_overrides": None,
                    "attention": {**m["attention"], "window": None}}
