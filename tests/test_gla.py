@@ -3,8 +3,9 @@
 one per head (lightning attention), at lengths that are not multiples of the chunk and from an
 initial state; the float32 gradients; steep decays; the lightning options against transformers'
 ``MiniMaxLightningAttention`` (called, weights copied in); the layer against its formula over the
-reference (``matches_reference``); the options' errors. The mixer-level checks shared with mLSTM
-(segments, bfloat16, the shipped recipes, fla on CUDA) are in test_gla_mlstm_mixers.py."""
+reference (``matches_reference``); the options' errors. The checks every recurrent mixer shares
+(segments, bfloat16, fla on CUDA) are in test_recurrent_mixers.py, the shipped recipes' decoding
+and layout in test_recurrent_recipes.py."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ from seqzoo.errors import ConfigError, InputError
 from seqzoo.plugins.mixer._gla import chunked, gated_linear_attention
 from seqzoo.plugins.mixer.gla import minimax_decay_scale, minimax_layout
 from seqzoo.reference.gla import gla
-from seqzoo.testing import matches_reference
+from seqzoo.testing import gradients_match_reference, matches_reference, relative_difference
 from seqzoo.testing.mixer import _full, _pieces
 
 F64 = torch.float64
@@ -57,21 +58,16 @@ def run_reference(t: dict) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("decay", DECAYS)
 def test_chunked_form_equals_the_recurrence_in_float64(decay, chunk):
     t = inputs(decay)  # 45 tokens: 6 chunks of 7 and a remainder of 3; one padded chunk of 64
-    expected, final = run_reference(t)
-    out, last = run(t, chunk)
-    assert (out - expected).abs().max() <= 1e-12 * expected.abs().max()
-    assert (last - final).abs().max() <= 1e-12 * final.abs().max()
+    assert relative_difference(run(t, chunk), run_reference(t)) <= 1e-12
 
 
 def test_steep_channel_decays_neither_overflow_nor_drift():
     """Decays of e^−60 per step (a chunk of 64 spans e^−3800): every exponent is a difference
     Γ_t − Γ_s ≤ 0, so the chunked form stays finite and exact."""
     t = inputs("channel", rate=60.0)
-    expected, final = run_reference(t)
     out, last = run(t, 64)
     assert torch.isfinite(out).all() and torch.isfinite(last).all()
-    assert (out - expected).abs().max() <= 1e-12 * expected.abs().max()
-    assert (last - final).abs().max() <= 1e-12 * final.abs().max()
+    assert relative_difference((out, last), run_reference(t)) <= 1e-12
 
 
 @pytest.mark.parametrize("decay", DECAYS)
@@ -80,34 +76,20 @@ def test_chunked_form_in_float32_stays_within_1e_5_of_float64(decay):
     expected, final = run_reference(t)
     out, last = run(inputs(decay, length=200, rate=0.05, dtype=torch.float32), 16)
     assert out.dtype == last.dtype == torch.float32
-    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
-    assert (last.double() - final).abs().max() <= 1e-5 * final.abs().max()
+    assert relative_difference((out, last), (expected, final)) <= 1e-5
 
 
 @pytest.mark.parametrize("decay", DECAYS)
 def test_float32_gradients_of_the_chunked_form_match_the_float64_recurrence(decay):
     """Every input's gradient (q, k, v, the log-decays, S_0), float32 chunks of 16 over 50 tokens
-    against float64 autograd through the token-by-token recurrence."""
-    t = inputs(decay, length=50)
-    gen = torch.Generator().manual_seed(5)
-    weights = torch.randn(2, 50, HEADS, VALUE_WIDTH, generator=gen, dtype=F64)
-    weights_last = torch.randn(t["state"].shape, generator=gen, dtype=F64)
-    names = ["q", "k", "v", "log_decay", "state"]
+    against float64 autograd through the token-by-token recurrence (its g made from the same
+    log-decay leaf)."""
+    def recurrence(t: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        g = t["log_decay"] if decay == "channel" else t["steps"] * t["log_decay"]
+        return run_reference({**t, "g": g})
 
-    def grads(dtype, reference):
-        leaves = {name: None if x is None else x.detach().to(dtype) for name, x in t.items()}
-        for name in names:
-            leaves[name].requires_grad_()
-        if reference:  # g from the same leaf as the chunked form's
-            leaves["g"] = leaves["log_decay"] if decay == "channel" else leaves["steps"] * leaves["log_decay"]
-        out, last = run_reference(leaves) if reference else run(leaves, 16)
-        ((out * weights.to(dtype)).sum() + (last * weights_last.to(dtype)).sum()).backward()
-        return {name: leaves[name].grad.double() for name in names}
-
-    expected, got = grads(F64, True), grads(torch.float32, False)
-    for name in names:
-        assert torch.isfinite(got[name]).all(), name
-        assert (got[name] - expected[name]).abs().max() <= 1e-4 * expected[name].abs().max(), name
+    gradients_match_reference(lambda t: run(t, 16), recurrence, inputs(decay, length=50),
+                              grad=["q", "k", "v", "log_decay", "state"])
 
 
 @pytest.mark.parametrize("decay", DECAYS)

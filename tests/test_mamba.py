@@ -1,6 +1,8 @@
 """Mamba's selective scan, Mamba-2's SSD and linear attention against the recurrences they unroll
-(``seqzoo.reference``, step by step in float64); the chunk length rule; and the mixers' scans and
-decode steps against each other."""
+(``seqzoo.reference``, step by step in float64); the chunk length rule; the mixers' scans and
+decode steps against each other; the memory segments save. What the mixers share with the other
+recurrent mixers as layers (segments, bfloat16) is in test_recurrent_mixers.py, their recipes'
+decoding in test_recurrent_recipes.py."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +22,7 @@ from seqzoo.plugins.mixer._selective_scan import (
     selective_step,
 )
 from seqzoo.plugins.mixer._ssd import ssd_scan, ssd_step
+from seqzoo.testing import gradients_match_reference
 
 
 def inputs(scale: float, length: int = 70, dtype=torch.float64):
@@ -63,21 +66,10 @@ def test_float32_gradients_of_the_scan_match_the_float64_recurrence(scale):
     """Every input's gradient, float32 chunked scan against float64 autograd through the sequential
     recurrence, at decays that fill chunks up to the log-decay limit (a division by exp(S) there
     had a gradient through 1 / exp(S)², which overflowed past |S| = 44 and gave NaN)."""
-    u, dt, A, B, C, h = inputs(scale, length=100)
-    weights = torch.randn(2, 100, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-
-    def grads(scan, dtype):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (u, dt, A, B, C, h)]
-        y, last = scan(*leaves)
-        ((y * weights.to(dtype)).sum() + last.sum()).backward()
-        return [leaf.grad.double() for leaf in leaves]
-
-    expected = grads(reference.selective_scan, torch.float64)
-    got = grads(chunked_scan, torch.float32)
-    assert chunk_length(dt, A, 64) < 64 or scale == 0.01
-    for name, g, e in zip("u dt A B C h".split(), got, expected):
-        assert torch.isfinite(g).all(), name
-        assert (g - e).abs().max() <= 1e-4 * e.abs().max(), name
+    tensors = dict(zip("u dt A B C h".split(), inputs(scale, length=100)))
+    assert chunk_length(tensors["dt"], tensors["A"], 64) < 64 or scale == 0.01
+    gradients_match_reference(lambda t: chunked_scan(*t.values()), lambda t: reference.selective_scan(*t.values()),
+                              tensors)
 
 
 def test_zero_steps_leave_the_state_unchanged():
@@ -189,44 +181,7 @@ def test_linear_attention_equals_its_recurrence(feature_map, decay):
         assert torch.allclose(gamma, expected_gamma)
 
 
-# -- whole models: the recipes built on these mixers ---------------------------------------------
-RECIPES = ["tiny-mamba", "tiny-mamba2", "tiny-linear", "tiny-hybrid"]
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_state_cached_decoding_equals_the_full_forward(recipe):
-    model = seqzoo.build(recipe, device="cpu").eval()
-    ids = torch.randint(3, 259, (2, 90))  # longer than one scan chunk (64)
-    with torch.no_grad():
-        full = model(ids)
-        cache = model.new_cache(2, 90)
-        prefix = model(ids[:, :70], cache=cache)
-        steps = [model(ids[:, t:t + 1], cache=cache)[:, -1] for t in range(70, 90)]
-    assert (prefix - full[:, :70]).abs().max() < 1e-4
-    assert (torch.stack(steps, 1) - full[:, 70:]).abs().max() < 1e-4
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_left_padded_generation_equals_each_row_alone_and_the_uncached_reference(recipe):
-    model = seqzoo.build(recipe, device="cpu").eval()
-    ids = torch.randint(3, 259, (2, 12))
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, :5] = 0
-    ids[1, :5] = 0
-    batched = seqzoo.generate(model, ids, 16, attention_mask=mask, eos_id=None)
-    assert torch.equal(batched, seqzoo.generate(model, ids, 16, attention_mask=mask, eos_id=None, use_cache=False))
-    alone = seqzoo.generate(model, ids[1:, 5:], 16, eos_id=None)
-    assert torch.equal(batched[1, 5:], alone[0])
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_beam_search_reorders_the_states(recipe):
-    model = seqzoo.build(recipe, device="cpu").eval()
-    ids = torch.randint(3, 259, (1, 6))
-    cached = seqzoo.generate(model, ids, 10, beam_size=3, eos_id=None)
-    assert torch.equal(cached, seqzoo.generate(model, ids, 10, beam_size=3, eos_id=None, use_cache=False))
-
-
+# -- the recipes built on these mixers -----------------------------------------------------------
 def test_a_mamba_layer_has_no_feed_forward_sublayer_and_the_hybrid_keeps_both_states():
     mamba = seqzoo.build("tiny-mamba", device="cpu")
     block = mamba.decoder.blocks[0]
@@ -239,36 +194,6 @@ def test_a_mamba_layer_has_no_feed_forward_sublayer_and_the_hybrid_keeps_both_st
 
 
 # -- segments: long sequences without autograd ------------------------------------------------------
-SEGMENTED = [{"kind": "mamba", "state": 4}, {"kind": "mamba2", "state": 4, "head_dim": 8, "groups": 2},
-             {"kind": "linear_attention", "heads": 2, "decay": "retnet"}]
-
-
-@pytest.mark.parametrize("spec", SEGMENTED, ids=lambda s: s["kind"])
-def test_without_autograd_a_long_sequence_runs_in_segments_equal_to_the_whole(spec, monkeypatch):
-    """Segments of 8 over 150 tokens (a left-padded row, a pad run crossing a segment's end, a
-    state that continues): the same outputs and the same state as one pass with autograd on."""
-    segments = pytest.importorskip("seqzoo.plugins.mixer._segments")
-    mixer = seqzoo.registry().create("mixer", spec, 16)
-    x = torch.randn(2, 150, 16)
-    padding = torch.ones(2, 150, dtype=torch.long)
-    padding[1, :11] = 0  # row 1 starts 11 tokens late: its pads cross the first segment boundary
-    t = torch.arange(150)[None]
-    context = seqzoo.interfaces.MixerContext(position=None, q_pos=t, k_pos=t, mask=None, causal=True,
-                                             prepared={}, padding=padding)
-    whole_state, cut_state = mixer.new_state(2, 150), mixer.new_state(2, 150)
-    whole = mixer(x, context, whole_state).detach()  # autograd on: the plain pass
-    calls = []
-    forward = type(mixer).forward
-    monkeypatch.setattr(type(mixer), "forward", lambda self, *a: calls.append(a[0].shape[1]) or forward(self, *a))
-    monkeypatch.setattr(segments, "SEGMENT", 8)
-    with torch.no_grad():
-        cut = mixer(x, context, cut_state)
-    assert calls[0] == 150 and set(calls[1:]) <= {8, 6} and len(calls) == 1 + 19  # 18 × 8 + 6
-    torch.testing.assert_close(cut, whole, atol=1e-5, rtol=1e-5)
-    for name, value in vars(whole_state).items():
-        torch.testing.assert_close(getattr(cut_state, name), value.detach(), atol=1e-5, rtol=1e-5)
-
-
 def test_segments_bound_the_memory_of_a_long_forward_without_autograd(monkeypatch):
     from seqzoo.lab.measure import peak_memory_mb
     segments = pytest.importorskip("seqzoo.plugins.mixer._segments")

@@ -2,9 +2,9 @@
 (token by token, float64) at lengths that are not multiples of the chunk, from an initial state;
 the float32 gradients; large gates; padding; transformers' xLSTM functions (its chunkwise and
 recurrent-step kernels) and ``xLSTMLayer`` called with the weights copied in; the layer against its
-formula over the reference (``matches_reference``); the options' errors. The mixer-level checks
-shared with GLA (segments, bfloat16, the shipped recipes, fla on CUDA) are in
-test_gla_mlstm_mixers.py."""
+formula over the reference (``matches_reference``); the options' errors. The checks every
+recurrent mixer shares (segments, bfloat16, fla on CUDA) are in test_recurrent_mixers.py, the
+shipped recipe's decoding and layout in test_recurrent_recipes.py."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +15,7 @@ import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.plugins.mixer import _mlstm
 from seqzoo.reference.mlstm import mlstm
-from seqzoo.testing import matches_reference
+from seqzoo.testing import gradients_match_reference, matches_reference, relative_difference
 from seqzoo.testing.mixer import _full, _pieces
 
 F64 = torch.float64
@@ -46,19 +46,12 @@ def run_reference(t: dict):
     return mlstm(t["q"], t["k"], t["v"], t["i"], t["f"], state=t["state"])
 
 
-def worst(got, expected) -> float:
-    """max |got − expected| over the largest |expected|, for a tensor or a state's tensors."""
-    if isinstance(got, tuple):
-        return max(worst(g, e) for g, e in zip(got, expected))
-    return ((got - expected).abs().max() / expected.abs().max()).item()
-
-
 @pytest.mark.parametrize("chunk", [1, 7, 64])
 def test_chunked_form_equals_the_recurrence_in_float64(chunk):
     t = inputs()  # 45 tokens: 6 chunks of 7 and a remainder of 3; one padded chunk of 64
     expected, final = run_reference(t)
     out, last = run(t, chunk)
-    assert worst(out, expected) <= 1e-12 and worst(last, final) <= 1e-12
+    assert relative_difference((out, last), (expected, final)) <= 1e-12
 
 
 def test_large_gates_neither_overflow_nor_drift():
@@ -68,38 +61,20 @@ def test_large_gates_neither_overflow_nor_drift():
     expected, final = run_reference(t)
     out, last = run(t, 64)
     assert torch.isfinite(out).all() and all(torch.isfinite(s).all() for s in last)
-    assert worst(out, expected) <= 1e-12 and worst(last, final) <= 1e-12
+    assert relative_difference((out, last), (expected, final)) <= 1e-12
 
 
 def test_chunked_form_in_float32_stays_within_1e_5_of_float64():
     expected, final = run_reference(inputs(length=200))
     out, last = run(inputs(length=200, dtype=torch.float32), 16)
     assert out.dtype == torch.float32 and all(s.dtype == torch.float32 for s in last)
-    assert worst(out.double(), expected) <= 1e-5 and worst(tuple(s.double() for s in last), final) <= 1e-5
+    assert relative_difference((out, last), (expected, final)) <= 1e-5
 
 
 def test_float32_gradients_of_the_chunked_form_match_the_float64_recurrence():
     """Every input's gradient (q, k, v, i, f, C_0, n_0, m_0), float32 chunks of 16 over 50 tokens
     against float64 autograd through the token-by-token recurrence."""
-    t = inputs(length=50)
-    gen = torch.Generator().manual_seed(5)
-    weights = torch.randn(2, 50, HEADS, VALUE_WIDTH, generator=gen, dtype=F64)
-    last_weights = [torch.randn(s.shape, generator=gen, dtype=F64) for s in t["state"]]
-
-    def grads(dtype, reference):
-        leaves = {name: tuple(s.detach().to(dtype).requires_grad_() for s in x) if name == "state"
-                  else x.detach().to(dtype).requires_grad_() for name, x in t.items()}
-        out, last = run_reference(leaves) if reference else run(leaves, 16)
-        loss = (out * weights.to(dtype)).sum() + sum((s * w.to(dtype)).sum() for s, w in zip(last, last_weights))
-        loss.backward()
-        flat = {name: x for name, x in leaves.items() if name != "state"}
-        flat.update(zip(("C_0", "n_0", "m_0"), leaves["state"]))
-        return {name: x.grad.double() for name, x in flat.items()}
-
-    expected, got = grads(F64, True), grads(torch.float32, False)
-    for name in expected:
-        assert torch.isfinite(got[name]).all(), name
-        assert (got[name] - expected[name]).abs().max() <= 1e-4 * expected[name].abs().max(), name
+    gradients_match_reference(lambda t: run(t, 16), run_reference, inputs(length=50))
 
 
 def test_decode_steps_equal_the_recurrence():
@@ -109,7 +84,7 @@ def test_decode_steps_equal_the_recurrence():
     for i in range(9):
         h, state = run({**{name: t[name][:, i:i + 1] for name in "qkvif"}, "state": state}, 64)
         assert torch.allclose(h[:, 0], expected[:, i], atol=1e-12)
-    assert worst(state, final) <= 1e-12
+    assert relative_difference(state, final) <= 1e-12
 
 
 @pytest.mark.parametrize("length", [4, 1], ids=["chunked", "decode-step"])
@@ -139,7 +114,7 @@ def test_the_chunked_form_equals_transformers_chunkwise_kernel():
         fgate=heads_first["f"], c_initial=C0, n_initial=n0, m_initial=m0[..., None], return_last_states=True,
         chunk_size=16)
     out, last = run(t, 7)
-    assert worst(out, expected.transpose(1, 2)) <= 1e-5 and worst(last, (C, n, m[..., 0])) <= 1e-5
+    assert relative_difference((out, last), (expected.transpose(1, 2), (C, n, m[..., 0]))) <= 1e-5
 
 
 def test_the_decode_step_equals_transformers_recurrent_step_kernel():
@@ -149,7 +124,7 @@ def test_the_decode_step_equals_transformers_recurrent_step_kernel():
         query=t["q"][:, 0], key=t["k"][:, 0], value=t["v"][:, 0], igate=t["i"][:, 0, :, None],
         fgate=t["f"][:, 0, :, None], cstate=C0, nstate=n0, mstate=m0[..., None])
     out, last = run(t, 64)
-    assert worst(out[:, 0], expected) <= 1e-6 and worst(last, (C, n, m[..., 0])) <= 1e-6
+    assert relative_difference((out[:, 0], last), (expected, (C, n, m[..., 0]))) <= 1e-6
 
 
 C, H = 32, 2  # q/k heads of 8, value heads of 16
@@ -192,7 +167,7 @@ def test_the_mixer_equals_transformers_xlstm_layer(weight_mode, config):
     with torch.no_grad():
         x = torch.randn(2, 21, C)
         expected, _ = hf(x)
-        assert worst(_full(ours, x), expected) <= 1e-5 and worst(_pieces(ours, x)[0], expected) <= 1e-5
+        assert relative_difference((_full(ours, x), _pieces(ours, x)[0]), (expected, expected)) <= 1e-5
 
 
 def test_a_state_carried_between_calls_equals_transformers_state():
@@ -207,8 +182,8 @@ def test_a_state_carried_between_calls_equals_transformers_state():
         state = ours.new_state(2, 21)
         got = torch.cat([ours(x[:, :13], context(torch.arange(13)[None]), state),
                          ours(x[:, 13:], context(torch.arange(13, 21)[None]), state)], 1)
-    assert worst(got, torch.cat([first, second], 1)) <= 1e-5
-    assert worst((state.C, state.n, state.m), (C_T, n_T, m_T[..., 0])) <= 1e-5
+    assert relative_difference(got, torch.cat([first, second], 1)) <= 1e-5
+    assert relative_difference((state.C, state.n, state.m), (C_T, n_T, m_T[..., 0])) <= 1e-5
 
 
 # -- the layer written out by hand over seqzoo.reference.mlstm --------------------------------------

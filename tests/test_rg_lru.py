@@ -2,8 +2,8 @@
 (``seqzoo.reference.rg_lru``), the mixer against transformers' ``RecurrentGemmaRecurrentBlock`` with
 its weights copied in (whole sequences and cached decoding) and against the layer written out by
 hand (``matches_reference``), its parameters and its reset at each row's first real token. What it
-shares with the short conv as a layer (state size, segments, dtypes, the recipe, fla on CUDA) is in
-test_short_conv_rg_lru.py."""
+shares with the other recurrent mixers as a layer (state size, segments, dtypes, fla on CUDA) is in
+test_recurrent_mixers.py, the recipe (tiny-griffin) in test_recurrent_recipes.py."""
 from __future__ import annotations
 
 import pytest
@@ -17,7 +17,7 @@ from seqzoo.plugins.mixer._diagonal_scan import chunked_scan, diagonal_scan, ste
 from seqzoo.plugins.mixer._selective_scan import LOG_DECAY_LIMIT
 from seqzoo.plugins.mixer.rg_lru import MAX_SQRT_GRADIENT, _BoundedSqrt
 from seqzoo.reference.rg_lru import rg_lru
-from seqzoo.testing import matches_reference
+from seqzoo.testing import gradients_match_reference, matches_reference, relative_difference
 from seqzoo.testing.mixer import _context, _full, _pieces
 
 C, W, H = 16, 24, 4  # an LRU wider than the model, in four gate blocks of 6
@@ -42,10 +42,8 @@ def scan_inputs(x, i, r, lam, c=8.0):
 @pytest.mark.parametrize("chunk", [1, 8, 64])
 def test_chunked_scan_equals_the_recurrence_in_float64(steep, chunk):
     x, i, r, lam, h0 = recurrence_inputs(45, steep=steep)  # 45: not a multiple of 8 or 64
-    expected, final = rg_lru(x, i, r, lam, state=h0)
-    out, last = chunked_scan(*scan_inputs(x, i, r, lam), h0, chunk)
-    assert (out - expected).abs().max() <= 1e-12 * expected.abs().max()
-    assert (last - final).abs().max() <= 1e-12 * final.abs().max()
+    expected = rg_lru(x, i, r, lam, state=h0)
+    assert relative_difference(chunked_scan(*scan_inputs(x, i, r, lam), h0, chunk), expected) <= 1e-12
 
 
 def test_steep_decays_shorten_the_chunks_to_the_log_decay_limit(monkeypatch):
@@ -65,23 +63,15 @@ def test_chunked_scan_in_float32_stays_within_1e_5_of_the_float64_recurrence(ste
     expected, final = rg_lru(x, i, r, lam, state=h0)
     out, last = chunked_scan(*(t.float() for t in scan_inputs(x, i, r, lam)), h0.float(), 64)
     assert out.dtype == torch.float32
-    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
-    assert (last.double() - final).abs().max() <= 1e-5 * final.abs().max()
+    assert relative_difference((out, last), (expected, final)) <= 1e-5
 
 
 def test_float32_gradients_of_the_chunked_scan_match_the_float64_recurrence():
-    tensors = recurrence_inputs(45)
-
-    def grads(run, dtype):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in tensors]
-        out, last = run(*leaves)
-        (out.square().sum() + last.sum()).backward()
-        return [leaf.grad.double() for leaf in leaves]
-
-    got = grads(lambda x, i, r, lam, h0: chunked_scan(*scan_inputs(x, i, r, lam), h0, 8), torch.float32)
-    want = grads(lambda x, i, r, lam, h0: rg_lru(x, i, r, lam, state=h0), torch.float64)
-    for name, a, b in zip(("x", "i", "r", "Λ", "h_0"), got, want):
-        assert (a - b).abs().max() <= 1e-4 * b.abs().max(), name
+    """Every input's gradient (x, i, r, Λ, h_0), float32 chunks of 8 over 45 tokens."""
+    names = ("x", "i", "r", "lam", "h0")
+    gradients_match_reference(
+        lambda t: chunked_scan(*scan_inputs(t["x"], t["i"], t["r"], t["lam"]), t["h0"], 8),
+        lambda t: rg_lru(t["x"], t["i"], t["r"], t["lam"], state=t["h0"]), dict(zip(names, recurrence_inputs(45))))
 
 
 def test_decode_steps_equal_the_recurrence_and_neutral_steps_change_nothing():

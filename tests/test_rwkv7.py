@@ -1,7 +1,8 @@
 """RWKV-7: the chunked DPLR form against the token-by-token recurrence (``seqzoo.reference.rwkv7``)
 and against the plain delta rule written out here; the time mix and the channel mix against their
 references with the authors' tensors copied in (``matches_reference``); the value residual across
-layers; the recipe's state-cached decoding; fla's kernels against the plain path on CUDA."""
+layers, whole, in pieces and in segments; bfloat16; the recipe's layout; fla's kernels against the
+plain path on CUDA. The recipe's decoding through its states is in test_recurrent_recipes.py."""
 from __future__ import annotations
 
 import math
@@ -13,13 +14,18 @@ import torch.nn.functional as F
 import seqzoo
 from seqzoo.errors import ConfigError
 from seqzoo.interfaces import MixerContext
-from seqzoo.nn.generation import CausalSession
 from seqzoo.plugins.mixer import _rwkv, _segments
 from seqzoo.plugins.mixer._rwkv import dplr_step, wkv7
 from seqzoo.plugins.mixer.rwkv7 import FIRST, fla_rank
 from seqzoo.reference.rwkv7 import generalized_delta_rule, rwkv7_channel_mix, rwkv7_time_mix
-from seqzoo.testing import matches_reference
-from seqzoo.testing._shared import kv_cache_equivalence, left_padding_equivalence
+from seqzoo.testing import (
+    bfloat16_equivalence,
+    gradients_match_reference,
+    kernel_paths_agree,
+    matches_reference,
+    relative_difference,
+    segments_equivalence,
+)
 
 C = 32
 
@@ -39,10 +45,6 @@ def reference(r, w, k, v, kappa, a, state):
     return generalized_delta_rule(r, w.exp(), k, v, kappa, a, state=state)
 
 
-def relative(got, want) -> float:
-    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
-
-
 # -- the recurrence ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("steep", [0.0, 10.0], ids=["mixed-decays", "steepest-decays"])
 @pytest.mark.parametrize("values", [4, 9], ids=["D_v<D_k", "D_v>D_k"])
@@ -52,7 +54,7 @@ def test_chunked_form_equals_the_recurrence_in_float64(steep, values):
     expected, final = reference(*inputs)
     for chunk in (1, 8, 16, 32, 64):
         o, last = wkv7(*inputs, chunk)
-        assert relative(o, expected) < 1e-12 and relative(last, final) < 1e-12, chunk
+        assert relative_difference((o, last), (expected, final)) < 1e-12, chunk
 
 
 @pytest.mark.parametrize("steep", [0.0, 10.0], ids=["mixed-decays", "steepest-decays"])
@@ -61,24 +63,14 @@ def test_chunked_form_in_float32_stays_within_1e_5_of_the_float64_recurrence(ste
     expected, final = reference(*inputs)
     o, last = wkv7(*(t.float() for t in inputs), 32)
     assert o.dtype == last.dtype == torch.float32
-    assert relative(o, expected) < 1e-5 and relative(last, final) < 1e-5
+    assert relative_difference((o, last), (expected, final)) < 1e-5
 
 
 def test_float32_gradients_of_the_chunked_form_match_the_float64_recurrence():
     """Every input's gradient, the initial state's included, over 45 tokens in chunks of 16."""
-    inputs = recurrence_inputs(45)
-    weights = torch.randn(2, 45, 3, 4, dtype=torch.float64)
-
-    def grads(run, dtype):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in inputs]
-        o, last = run(*leaves)
-        ((o * weights.to(dtype)).sum() + last.sum()).backward()
-        return [leaf.grad for leaf in leaves]
-
-    expected = grads(reference, torch.float64)
-    got = grads(lambda *t: wkv7(*t, 16), torch.float32)
-    for name, g, e in zip("r w k v kappa a state".split(), got, expected):
-        assert torch.isfinite(g).all() and relative(g, e) < 1e-4, name
+    names = "r w k v kappa a state".split()
+    gradients_match_reference(lambda t: wkv7(*t.values(), 16), lambda t: reference(*t.values()),
+                              dict(zip(names, recurrence_inputs(45))))
 
 
 def test_decode_steps_equal_the_chunked_form():
@@ -112,7 +104,7 @@ def test_with_no_decay_the_generalised_rule_is_the_delta_rule(beta):
     for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         o, final = wkv7(r.to(dtype), torch.zeros_like(k, dtype=dtype), (beta * k).to(dtype), v.to(dtype),
                         k.to(dtype), torch.full_like(k, beta, dtype=dtype), S.to(dtype), 8)
-        assert relative(o, expected) < tolerance and relative(final, S_plain) < tolerance
+        assert relative_difference((o, final), (expected, S_plain)) < tolerance
 
 
 # -- the mixers against the layers written token by token ------------------------------------------
@@ -175,7 +167,7 @@ def test_later_layers_mix_in_the_first_layers_values_whole_in_pieces_and_in_segm
     (_, v), _ = rwkv7_time_mix(x1, authors_tensors(first), first.heads, eps=first.g_norm.eps)
     expected = rwkv7_time_mix(x2, authors_tensors(second), second.heads, v_first=v, eps=second.g_norm.eps)[0][0]
     alone = rwkv7_time_mix(x2, authors_tensors(second), second.heads, eps=second.g_norm.eps)[0][0]
-    assert relative(alone, expected) > 1e-3  # the residual changes the output
+    assert relative_difference(alone, expected) > 1e-3  # the residual changes the output
 
     def run(pieces):
         states, outs = (first.new_state(2, 21), second.new_state(2, 21)), []
@@ -187,11 +179,11 @@ def test_later_layers_mix_in_the_first_layers_values_whole_in_pieces_and_in_segm
         return torch.cat(outs, 1)
 
     with torch.no_grad():
-        assert relative(run([(0, 21)]), expected) < 1e-12
-        assert relative(run([(0, 3), *((t, t + 1) for t in range(3, 21))]), expected) < 1e-12
+        assert relative_difference(run([(0, 21)]), expected) < 1e-12
+        assert relative_difference(run([(0, 3), *((t, t + 1) for t in range(3, 21))]), expected) < 1e-12
         monkeypatch.setattr(_segments, "SEGMENT", 8)
-        assert relative(run([(0, 21)]), expected) < 1e-12
-    assert relative(run([(0, 21)]), expected) < 1e-12  # longer than a segment, with autograd: whole
+        assert relative_difference(run([(0, 21)]), expected) < 1e-12
+    assert relative_difference(run([(0, 21)]), expected) < 1e-12  # longer than a segment, with autograd: whole
 
 
 def test_left_padding_leaves_the_state_and_the_value_residual_as_for_the_row_alone():
@@ -206,23 +198,18 @@ def test_left_padding_leaves_the_state_and_the_value_residual_as_for_the_row_alo
         alone_shared, alone_states = context(7), (first.new_state(1, 7), second.new_state(1, 7))
         first(x1[1:, 5:], alone_shared, alone_states[0])
         alone = second(x2[1:, 5:], alone_shared, alone_states[1])[0]
-    assert relative(padded, alone) < 1e-12
+    assert relative_difference(padded, alone) < 1e-12
     for padded_state, alone_state in zip(states, alone_states):
         for name, value in vars(alone_state).items():
             assert torch.allclose(getattr(padded_state, name)[1:], value, atol=1e-12), name
 
 
 def test_the_channel_mix_runs_long_inputs_in_segments_equal_to_the_whole(monkeypatch):
-    """Segments of 8 over 30 tokens, a left-padded row, a state that continues."""
+    """Segments of 8 over 30 tokens, a left-padded row, a state that continues: the outputs within
+    1e-6, the token shift exactly."""
     channel = seqzoo.registry().create("mixer", {"kind": "rwkv_channel_mix", "hidden": 40}, C)
-    x, padding = torch.randn(2, 30, C), torch.ones(2, 30, dtype=torch.long)
-    padding[1, :11] = 0
-    whole_state, cut_state = channel.new_state(2, 30), channel.new_state(2, 30)
-    whole = channel(x, context(30, padding), whole_state).detach()  # autograd on: one pass
     monkeypatch.setattr(_segments, "SEGMENT", 8)
-    with torch.no_grad():
-        cut = channel(x, context(30, padding), cut_state)
-    assert torch.allclose(cut, whole, atol=1e-6) and torch.equal(cut_state.shift, whole_state.shift)
+    segments_equivalence(channel, length=30, pad=11, atol=1e-6, state_atol=0.0, state_rtol=0.0)
 
 
 def test_the_first_layers_residual_parameters_take_part_with_a_zero_gradient():
@@ -236,16 +223,9 @@ def test_the_first_layers_residual_parameters_take_part_with_a_zero_gradient():
 
 
 def test_bfloat16_inputs_run_with_float32_statistics_and_state():
-    layer = mixer(chunk=8)
-    low = mixer(chunk=8).to(torch.bfloat16)
-    low.load_state_dict(layer.state_dict())
-    x = torch.randn(2, 30, C)
-    with torch.no_grad():
-        state = low.new_state(2, 30, dtype=torch.bfloat16)
-        out = low(x.bfloat16(), context(30), state)
-        expected = layer(x.bfloat16().float(), context(30))
-    assert out.dtype == torch.bfloat16 and state.S.dtype == torch.float32 and state.shift.dtype == torch.bfloat16
-    assert relative(out, expected) < 3e-2
+    """The token shift holds inputs: bfloat16 in a bfloat16 layer; S float32; within 3%. (Not
+    under autocast: the chunked form's triangular solve has no bfloat16 kernel on the CPU.)"""
+    bfloat16_equivalence(mixer(chunk=8), inputs=("shift",), length=30, tolerance=3e-2, autocast=False)
 
 
 # -- parameters, options and errors -----------------------------------------------------------------
@@ -279,63 +259,14 @@ def test_the_recipe_alternates_time_and_channel_mix_each_with_its_state():
     assert cache.states[0].S.shape == (1, 4, 16, 16) and cache.states[1].shift.shape == (1, 64)
 
 
-def test_state_cached_decoding_equals_the_full_forward_with_and_without_left_padding():
-    """Logits of 3 tokens and then one at a time through the states (80 tokens: several chunks of
-    32) against the full forward, greedy generation cached and not, and a left-padded row against
-    the row alone (``seqzoo.testing``'s model checks)."""
-    model = seqzoo.build("tiny-rwkv7", device="cpu").eval()
-    kv_cache_equivalence(model, length=80)
-    left_padding_equivalence(model)
-
-
-def test_static_cache_decoding_equals_the_growing_cache():
-    """The fixed-shape steps ``generate(compile=True)`` traces, left-padded rows included."""
-    model = seqzoo.build("tiny-rwkv7", device="cpu").eval()
-    ids, mask = torch.randint(1, 259, (3, 6)), torch.ones(3, 6, dtype=torch.long)
-    mask[0, :3] = 0
-    runs = []
-    with torch.inference_mode():
-        for static in (False, True):
-            session, token, logits = CausalSession(model, ids, 12, True, mask, static=static), None, []
-            for _ in range(12):
-                logits.append(session.next(token))
-                token = logits[-1].argmax(-1)
-            runs.append(torch.stack(logits, 1))
-    torch.testing.assert_close(runs[1], runs[0], atol=1e-5, rtol=1e-5)
-
-
-def test_beam_search_reorders_the_states():
-    model = seqzoo.build("tiny-rwkv7", device="cpu").eval()
-    ids = torch.randint(3, 259, (1, 6))
-    cached = seqzoo.generate(model, ids, 10, beam_size=3, eos_id=None)
-    assert torch.equal(cached, seqzoo.generate(model, ids, 10, beam_size=3, eos_id=None, use_cache=False))
-
-
 # -- fla's Triton kernels on CUDA against the plain path --------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_on_cuda_fla_kernels_equal_the_torch_path(dtype, monkeypatch):
+def test_on_cuda_fla_kernels_equal_the_torch_path(dtype):
     """Forward, every gradient and the decode steps: fla's chunk_rwkv7 and fused-recurrent kernels
     against the chunked form of ``_rwkv`` (SEQZOO_SCAN=torch), on the same mixer."""
     pytest.importorskip("fla")
     assert _rwkv._fla_kernels() is not None
     layer = seqzoo.registry().create("mixer", {"kind": "rwkv7", "head_dim": 64}, 128).cuda().to(dtype)
     x = torch.randn(2, 300, 128, device="cuda", dtype=dtype)
-    tol = 2e-3 if dtype == torch.float32 else 3e-2
-
-    def run(path: str):
-        monkeypatch.setenv("SEQZOO_SCAN", path)
-        layer.zero_grad()
-        leaf = x.detach().requires_grad_()
-        state = layer.new_state(2, 300, device="cuda", dtype=dtype)
-        out = layer(leaf[:, :290], context(290), state)
-        out.float().square().sum().backward()
-        with torch.no_grad():
-            steps = [layer(leaf[:, t:t + 1], context(1, start=t), state) for t in range(290, 300)]
-        return out, torch.cat(steps, 1), leaf.grad, [p.grad.clone() for p in layer.parameters()], state.S
-
-    fla, plain = run("fla"), run("torch")
-    for got, want in zip(fla[:3] + (fla[4],), plain[:3] + (plain[4],)):
-        assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
-    for got, want in zip(fla[3], plain[3]):
-        assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-6
+    kernel_paths_agree(layer, x, tolerance=2e-3 if dtype == torch.float32 else 3e-2)

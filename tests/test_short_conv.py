@@ -1,8 +1,9 @@
 """LFM2's gated short conv: the mixer against transformers' ``Lfm2ShortConv`` with its weights
 copied in (whole sequences and cached decoding through transformers' own cache), against the
 layer written out by hand over ``seqzoo.reference.short_conv`` (``matches_reference``), and its
-parameters. What it shares with the RG-LRU as a layer (state size, segments, dtypes, the recipe, fla
-on CUDA) is in test_short_conv_rg_lru.py."""
+parameters. What it shares with the other recurrent mixers as a layer (state size, segments,
+dtypes, fla on CUDA) is in test_recurrent_mixers.py, the recipe (tiny-lfm2) in
+test_recurrent_recipes.py."""
 from __future__ import annotations
 
 import pytest

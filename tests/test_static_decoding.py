@@ -10,6 +10,7 @@ import seqzoo
 from seqzoo.errors import InputError
 from seqzoo.nn.generation import CausalSession
 from seqzoo.nn.linear import FEW_ROWS, Linear, few_rows_linear
+from seqzoo.testing import greedy_logits
 
 DECODERS = [
     ("tiny-gpt", []),  # learned positions, MHA
@@ -26,16 +27,6 @@ DECODERS = [
 ]
 
 
-def _logits(model, ids, mask, steps, **options):
-    session = CausalSession(model, ids, steps, True, mask, **options)
-    token, out = None, []
-    for _ in range(steps):
-        logits = session.next(token)
-        out.append(logits)
-        token = logits.argmax(-1)
-    return torch.stack(out, 1), session
-
-
 @pytest.mark.parametrize(("recipe", "overrides"), DECODERS)
 @pytest.mark.parametrize("padded", [False, True])
 def test_static_cache_equals_growing_cache(recipe, overrides, padded):
@@ -47,8 +38,8 @@ def test_static_cache_equals_growing_cache(recipe, overrides, padded):
         mask[0, :3] = 0
         mask[2, :1] = 0
     with torch.inference_mode():
-        growing, _ = _logits(model, ids, mask, 20)
-        static, session = _logits(model, ids, mask, 20, static=True)
+        growing, _ = greedy_logits(model, ids, 20, mask)
+        static, session = greedy_logits(model, ids, 20, mask, static=True)
     assert session.cache.slot is not None and session.cache.max_len == 32  # 6 + 20 rounded up to 32
     torch.testing.assert_close(static, growing, atol=1e-5, rtol=1e-5)
 
@@ -57,8 +48,8 @@ def test_static_cache_under_autocast_equals_growing_cache():
     model = seqzoo.build("tiny-llama", device="cpu").eval()
     ids = torch.randint(1, model.vocab_size, (2, 5))
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        growing, _ = _logits(model, ids, None, 8)
-        static, _ = _logits(model, ids, None, 8, static=True)
+        growing, _ = greedy_logits(model, ids, 8)
+        static, _ = greedy_logits(model, ids, 8, static=True)
     torch.testing.assert_close(static, growing, atol=1e-2, rtol=1e-2)
 
 

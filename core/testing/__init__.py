@@ -8,8 +8,14 @@ helpers that check a converted Hugging Face model against transformers.
 
 The project's own contract tests (``tests/contract``) and third-party plugin packages run the same
 checks. A component may set ``example_params`` (a dict) to the recipe parameters the kit should
-use when none are given (e.g. a required ``factor``). ``matches_reference`` checks a recurrent
-mixer against its plain recurrence in ``seqzoo.reference``.
+use when none are given (e.g. a required ``factor``).
+
+Tests of a new recurrent mixer and its recipes call the kit's pieces directly: its kernels and
+layers (``seqzoo.testing.mixer``) ``matches_reference`` (against its plain recurrence in
+``seqzoo.reference``), ``relative_difference``, ``gradients_match_reference``,
+``segments_equivalence``, ``bfloat16_equivalence`` and ``kernel_paths_agree``; a whole model's
+decoding ``kv_cache_equivalence``, ``left_padding_equivalence``, ``beam_search_equivalence`` and
+``static_cache_equivalence`` (over ``greedy_logits``).
 """
 from __future__ import annotations
 
@@ -20,11 +26,28 @@ import torch
 
 from ..registry import own_doc, registry
 from . import cell, mixer, position, positionwise, rope_scaling, router, score
-from ._shared import Skip
-from .mixer import matches_reference
+from ._shared import (
+    Skip,
+    beam_search_equivalence,
+    greedy_logits,
+    kv_cache_equivalence,
+    left_padding_equivalence,
+    static_cache_equivalence,
+)
+from .mixer import (
+    bfloat16_equivalence,
+    gradients_match_reference,
+    kernel_paths_agree,
+    matches_reference,
+    relative_difference,
+    segments_equivalence,
+)
 
-__all__ = ["CHECKED_KINDS", "CheckResult", "Skip", "check_component", "checks_for", "component_cases",
-           "component_warnings", "example_params", "matches_reference", "parametrize_components", "run_check"]
+__all__ = ["CHECKED_KINDS", "CheckResult", "Skip", "beam_search_equivalence", "bfloat16_equivalence",
+           "check_component", "checks_for", "component_cases", "component_warnings", "example_params",
+           "gradients_match_reference", "greedy_logits", "kernel_paths_agree", "kv_cache_equivalence",
+           "left_padding_equivalence", "matches_reference", "parametrize_components", "relative_difference",
+           "run_check", "segments_equivalence", "static_cache_equivalence"]
 
 #: kind -> the function that gives a component's named checks, ``(name, params) -> {check: fn}``.
 KIT: dict[str, Callable[[str, dict], dict[str, Callable[[], None]]]] = {

@@ -1,6 +1,6 @@
 """What the checks of every kind share: small shapes, the dtypes tried, and the checks that apply to
 any module (a state_dict round trip, dtypes, gradients) or to a whole decoder (cached decoding,
-left padding, causality)."""
+left padding, beam search, static decoding, causality), which ``seqzoo.testing`` exports."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,7 +10,7 @@ from safetensors.torch import load, save
 from torch import Tensor, nn
 
 from ..io.build import build
-from ..nn.generation import generate
+from ..nn.generation import CausalSession, generate
 
 B, H, K, T, D, C = 2, 4, 2, 5, 8, 32  # small shapes: batch, heads, kv heads, length, head dim, width
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -68,36 +68,74 @@ def decoder(**model: object) -> nn.Module:
     return build({"model": recipe}, device="cpu", dtype="float32").eval()
 
 
-def kv_cache_equivalence(model: nn.Module, length: int = 12) -> None:
-    """Logits of token-by-token cached decoding equal the full forward; greedy output is identical."""
+def kv_cache_equivalence(model: nn.Module, length: int = 12, *, prefill: int = 3, tolerance: float = 1e-5) -> None:
+    """Logits of cached decoding (the first ``prefill`` tokens in one call, then one token at a
+    time, ``length`` in all) equal the full forward's within ``tolerance``; greedy output with and
+    without the cache is identical. A long ``prefill`` takes a recurrent mixer's chunked form
+    through several chunks before its decode step goes on from the state it left."""
     ids = torch.randint(0, 256, (B, length))
     with torch.no_grad():
         full = model(ids)
         cache = model.new_cache(B, length)
-        steps = [model(ids[:, :3], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
-                                                     for t in range(3, length)]
+        steps = [model(ids[:, :prefill], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
+                                                           for t in range(prefill, length)]
     worst = (torch.cat(steps, dim=1) - full).abs().max().item()
-    if worst > 1e-5:
-        raise AssertionError(f"cached decoding differs from the full forward by {worst:.2e} (> 1e-5)")
+    if not worst <= tolerance:  # NaN fails too
+        raise AssertionError(f"cached decoding differs from the full forward by {worst:.2e} (> {tolerance:.0e})")
     if not torch.equal(generate(model, ids[:, :4], 8), generate(model, ids[:, :4], 8, use_cache=False)):
         raise AssertionError("cached and uncached greedy generation differ")
 
 
-def left_padding_equivalence(model: nn.Module) -> None:
-    """A left-padded row gives what the same row gives alone, and cached generation with the
-    padding mask equals uncached generation."""
-    ids = torch.randint(0, 256, (B, 6))
-    mask = torch.ones(B, 6, dtype=torch.long)
-    mask[1, :2] = 0
+def left_padding_equivalence(model: nn.Module, length: int = 6, pad: int = 2, new_tokens: int = 6) -> None:
+    """A row left-padded by ``pad`` of ``length`` tokens gives the last logits the same row gives
+    alone; greedy generation of ``new_tokens`` with the padding mask is the same cached and
+    uncached, and the padded row's continuation is the row's continuation alone."""
+    ids = torch.randint(0, 256, (B, length))
+    mask = torch.ones(B, length, dtype=torch.long)
+    mask[1, :pad] = 0
     with torch.no_grad():
         padded = model(ids, attention_mask=mask)[1, -1]
-        alone = model(ids[1:, 2:])[0, -1]
+        alone = model(ids[1:, pad:])[0, -1]
     worst = (padded - alone).abs().max().item()
-    if worst > 1e-5:
+    if not worst <= 1e-5:
         raise AssertionError(f"left padding changed a real token's logits by {worst:.2e}")
-    if not torch.equal(generate(model, ids, 6, attention_mask=mask),
-                       generate(model, ids, 6, attention_mask=mask, use_cache=False)):
+    batched = generate(model, ids, new_tokens, attention_mask=mask, eos_id=None)
+    if not torch.equal(batched, generate(model, ids, new_tokens, attention_mask=mask, eos_id=None, use_cache=False)):
         raise AssertionError("with left padding, cached and uncached greedy generation differ")
+    if not torch.equal(batched[1, pad:], generate(model, ids[1:, pad:], new_tokens, eos_id=None)[0]):
+        raise AssertionError("a left-padded row generates other tokens than the same row alone")
+
+
+def beam_search_equivalence(model: nn.Module, prompt: int = 6, new_tokens: int = 10, beam_size: int = 3) -> None:
+    """Beam search over one prompt gives the same tokens with the cache as without it: the beams
+    swap places every step, so the cache's states must follow their rows (``MixerState.reorder``)."""
+    ids = torch.randint(3, 256, (1, prompt))
+    cached = generate(model, ids, new_tokens, beam_size=beam_size, eos_id=None)
+    if not torch.equal(cached, generate(model, ids, new_tokens, beam_size=beam_size, eos_id=None, use_cache=False)):
+        raise AssertionError("beam search with the cache differs from beam search without it")
+
+
+def greedy_logits(model: nn.Module, ids: Tensor, steps: int, mask: Tensor | None = None,
+                  **options: object) -> tuple[Tensor, CausalSession]:
+    """Greedy decoding of ``steps`` tokens step by step through a ``CausalSession`` (``options``:
+    ``static``, ``compile``) -> (the logits of every step (B, steps, V), the session)."""
+    session = CausalSession(model, ids, steps, True, mask, **options)
+    token, logits = None, []
+    for _ in range(steps):
+        logits.append(session.next(token))
+        token = logits[-1].argmax(-1)
+    return torch.stack(logits, 1), session
+
+
+def static_cache_equivalence(model: nn.Module, steps: int = 12) -> None:
+    """The fixed-shape steps ``generate(compile=True)`` traces (a static cache) give the logits of
+    the growing cache within 1e-5, over 3 rows of 6 tokens, the first left-padded by 3."""
+    ids, mask = torch.randint(1, 256, (3, 6)), torch.ones(3, 6, dtype=torch.long)
+    mask[0, :3] = 0
+    with torch.inference_mode():
+        growing, _ = greedy_logits(model, ids, steps, mask)
+        static, _ = greedy_logits(model, ids, steps, mask, static=True)
+    torch.testing.assert_close(static, growing, atol=1e-5, rtol=1e-5)
 
 
 def causal_model(model: nn.Module) -> None:

@@ -1,16 +1,21 @@
 """Checks of kind ``mixer``: shapes, causality, step-by-step decoding, left padding, reordered
-rows, dtypes, gradients; and ``matches_reference``, which checks a recurrent mixer against its
-plain recurrence in ``seqzoo.reference``."""
+rows, dtypes, gradients, and (for a ``causal_only`` mixer) a long sequence without autograd; and
+the helpers a recurrent mixer's tests share: ``matches_reference`` (the mixer against its plain
+recurrence in ``seqzoo.reference``), ``relative_difference``, ``gradients_match_reference`` (a
+chunked form's float32 gradients against the recurrence's float64 ones), ``segments_equivalence``,
+``bfloat16_equivalence`` and ``kernel_paths_agree`` (fla's CUDA kernels against the torch path)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import math
+import os
+from collections.abc import Callable, Collection
 from types import FunctionType
 
 import torch
 from torch import Tensor, nn
 
-from ..interfaces import Mixer, MixerContext
+from ..interfaces import Mixer, MixerContext, MixerState
 from ..nn.attention import self_attention_inputs
 from ..nn.cache import DecodeCache
 from ..registry import registry
@@ -24,6 +29,13 @@ from ._shared import (
     spec,
     state_dict_round_trip,
 )
+
+#: Tokens of the kit's long sequence: past the 1024-token segments seqzoo's recurrent mixers run
+#: without autograd (``plugins/mixer/_segments.py``), so its last segment is a short one. It has no
+#: padding: a padded attention branch (a parallel layer's) that long takes FlexAttention's path,
+#: whose first call compiles for seconds; padding across segments is the tests' to check, with
+#: ``SEGMENT`` shortened (``segments_equivalence``).
+LONG = 1100
 
 
 def _context(q_pos: Tensor, **inputs: object) -> MixerContext:
@@ -58,7 +70,9 @@ def _pieces(mixer: nn.Module, inputs: Tensor, padding: Tensor | None = None,
 
 def checks(name: str, params: dict) -> dict[str, Callable[[], None]]:
     """Token mixers: (B, T, C) -> (B, T, C), causal, and decoding piece by piece through their
-    state (left-padded rows included, rows reordered midway) equal to the full forward."""
+    state (left-padded rows included, rows reordered midway) equal to the full forward; a
+    ``causal_only`` mixer's ``LONG`` tokens without autograd (in segments, for seqzoo's) equal to
+    the same with autograd (``segments_equivalence``)."""
     make = lambda: registry().create("mixer", spec(name, params), C)  # noqa: E731
     length = 9
     x = torch.randn(B, length, C)
@@ -115,8 +129,98 @@ def checks(name: str, params: dict) -> dict[str, Callable[[], None]]:
     def state_dict() -> None:
         state_dict_round_trip(make, lambda m: _full(m, x))
 
-    return {"shapes": shapes, "causality": causality, "decode_steps": decode_steps, "left_padding": left_padding,
-            "state_reorder": state_reorder, "dtypes": dtypes, "gradients": gradients, "state_dict": state_dict}
+    def long_without_autograd() -> None:
+        segments_equivalence(make().eval(), length=LONG, pad=0)
+
+    named = {"shapes": shapes, "causality": causality, "decode_steps": decode_steps, "left_padding": left_padding,
+             "state_reorder": state_reorder, "dtypes": dtypes, "gradients": gradients, "state_dict": state_dict}
+    if registry().get("mixer", name).cls.causal_only:  # a recurrence: its long inputs may run in segments
+        named["long_without_autograd"] = long_without_autograd
+    return named
+
+
+def state_tensors(state: MixerState, prefix: str = "") -> dict[str, Tensor]:
+    """A decoding state's tensors by name, those of the states inside it included (a parallel
+    layer's branches: ``states.0.S``); other attributes are left out."""
+    found = {}
+    for name, value in vars(state).items():
+        items = enumerate(value) if isinstance(value, list | tuple) else [(None, value)]
+        for index, item in items:
+            key = prefix + name + ("" if index is None else f".{index}")
+            if isinstance(item, Tensor):
+                found[key] = item
+            elif isinstance(item, MixerState):
+                found.update(state_tensors(item, key + "."))
+    return found
+
+
+def segments_equivalence(mixer: Mixer, *, length: int = 150, pad: int = 11, atol: float = 1e-5, rtol: float = 1e-5,
+                         state_atol: float | None = None, state_rtol: float | None = None) -> None:
+    """Without autograd, a long sequence gives the outputs and the state it gives with autograd.
+
+    x (2, ``length``, C), the second row left-padded by ``pad`` tokens (0: no padding mask), runs
+    once with autograd on and once without, each from a fresh state (in a ``DecodeCache``); the
+    outputs must agree within ``atol``/``rtol``, every tensor of the states after them within
+    ``state_atol``/``state_rtol`` (the same by default; 0 and 0: equal). seqzoo's recurrent
+    mixers run such a sequence in segments when no gradient is wanted
+    (``plugins/mixer/_segments.py``): a test that sets its ``SEGMENT`` to 8 first cuts 150 tokens
+    into 19 segments, the padding across the first one's end. A mixer that never segments passes
+    as it is. Raises AssertionError naming what differs.
+    """
+    batch = 2
+    x = torch.randn(batch, length, mixer.dim)
+    padding = torch.ones(batch, length, dtype=torch.long) if pad else None
+    if padding is not None:
+        padding[1, :pad] = 0
+    runs = []
+    for grad in (True, False):
+        cache = DecodeCache([mixer.new_state(batch, length)], batch, length)
+        with torch.set_grad_enabled(grad):
+            out = mixer(x, _context(torch.arange(length)[None], cache=cache, key_padding=padding), cache.states[0])
+        runs.append((out.detach(), {k: v.detach() for k, v in state_tensors(cache.states[0]).items()}))
+    (whole, whole_state), (cut, cut_state) = runs
+    torch.testing.assert_close(cut, whole, atol=atol, rtol=rtol,
+                               msg=lambda m: f"the outputs without autograd differ from those with it: {m}")
+    state_atol, state_rtol = (atol, rtol) if state_atol is None else (state_atol, state_rtol)
+    for name, value in whole_state.items():
+        torch.testing.assert_close(cut_state[name], value, atol=state_atol, rtol=state_rtol,
+                                   msg=lambda m, name=name: f"the state's {name} without autograd differs: {m}")
+
+
+def bfloat16_equivalence(mixer: Mixer, *, inputs: Collection[str] = (), length: int = 40,
+                         tolerance: float = 0.05, autocast: bool = True) -> None:
+    """bfloat16 stays close to float32, with the recurrence's state kept in float32.
+
+    On x (2, ``length``, C) rounded to bfloat16: a bfloat16 copy of the float32 ``mixer`` (from a
+    bfloat16 state), and ``mixer`` itself under autocast to bfloat16 (unless not ``autocast``),
+    give outputs within ``tolerance`` · max |y| of ``mixer``'s own in float32. The copy's output
+    is bfloat16; every floating tensor of both states is float32, except those named in
+    ``inputs``: histories of inputs (a conv's ``conv``, a token shift's ``shift``), which the copy
+    keeps in bfloat16 (under autocast their dtype is the layers' before them'). Raises
+    AssertionError naming what differs.
+    """
+    x = torch.randn(2, length, mixer.dim).bfloat16()
+    low_mixer = copy.deepcopy(mixer).to(torch.bfloat16)
+    context = _context(torch.arange(length)[None])
+    states = {"bfloat16": low_mixer.new_state(2, length, dtype=torch.bfloat16)}
+    with torch.no_grad():
+        high = mixer(x.float(), context)
+        outputs = {"bfloat16": low_mixer(x, context, states["bfloat16"])}
+        if autocast:
+            states["autocast"] = mixer.new_state(2, length)
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):  # the recurrence opts out of autocast
+                outputs["autocast"] = mixer(x.float(), context, states["autocast"])
+    if outputs["bfloat16"].dtype != torch.bfloat16:
+        raise AssertionError(f"bfloat16 inputs gave a {outputs['bfloat16'].dtype} output")
+    for path, state in states.items():
+        for name, value in state_tensors(state).items():
+            want = torch.float32 if name not in inputs else torch.bfloat16 if path == "bfloat16" else None
+            if value.is_floating_point() and want is not None and value.dtype != want:
+                raise AssertionError(f"{path}: the state's {name} is {value.dtype}, not {want}")
+    for path, out in outputs.items():
+        worst = (out.float() - high).abs().max().item()
+        if not worst <= tolerance * high.abs().max().item():
+            raise AssertionError(f"{path} differs from float32 by {worst:.2e}, over {tolerance} of the largest output")
 
 
 Reference = Callable[..., tuple[Tensor, object]]  # a recurrence of seqzoo.reference: (outputs, final state)
@@ -166,3 +270,118 @@ def matches_reference(mixer: Mixer, reference: Reference, adapter: Callable[[Mix
             if not worst <= tolerance:  # NaN fails too
                 raise AssertionError(f"{name}: {path} differs by {worst:.1e} of the reference's largest value "
                                      f"({tolerance:.0e} allowed)")
+
+
+Inputs = dict[str, Tensor | tuple[Tensor, ...] | None]  # a kernel's inputs by name
+
+
+def _tensors(value: object) -> list[Tensor]:
+    """The tensors of a tensor, None, or a (nested) tuple or list of them, in order."""
+    if isinstance(value, Tensor):
+        return [value]
+    return [] if value is None else [t for item in value for t in _tensors(item)]
+
+
+def relative_difference(got: object, want: object) -> float:
+    """max |got − want| over max |want|, in float64, the worst over the tensors of two (nested)
+    tuples of them: how far a chunked form is from its reference whatever their scale (a
+    tolerance check ``relative_difference(...) <= 1e-12``; NaN, which fails it, where ``got`` is
+    not finite). Where ``want`` is all zeros: 0 if ``got`` is too, else inf."""
+    ratios = []
+    for have, expected in zip(_tensors(got), _tensors(want), strict=True):
+        difference, scale = (have.double() - expected.double()).abs().max().item(), expected.abs().max().item()
+        ratios.append(difference / scale if scale else 0.0 if difference == 0 else math.inf)
+    return math.nan if any(math.isnan(r) for r in ratios) else max(ratios, default=0.0)
+
+
+def gradients_match_reference(chunked: Callable[[Inputs], object], reference: Callable[[Inputs], object],
+                              inputs: Inputs, *, grad: Collection[str] | None = None,
+                              dtype: torch.dtype = torch.float32, tolerance: float = 1e-4, seed: int = 5) -> None:
+    """Every input's gradient through ``chunked`` in ``dtype`` (a chunked form, a scan) matches its
+    gradient through ``reference`` in float64 (a token-by-token recurrence of ``seqzoo.reference``).
+
+    ``inputs``: name -> a float64 tensor, a tuple of them (a state of several tensors) or None
+    (an input left out). Each function takes the inputs as leaves (detached, in its dtype; those
+    named in ``grad``, default all, requiring a gradient) and returns its outputs and final state
+    (a tensor or a nested tuple of them). The loss is each of those times a random weight of its
+    shape (N(0, 1) from ``seed``), summed, the same weights for both. Every checked gradient must be
+    finite and within ``tolerance`` · max |reference's| of the reference's. Raises AssertionError
+    naming the input.
+    """
+    checked = [name for name, value in inputs.items() if value is not None and (grad is None or name in grad)]
+    generator, weights = torch.Generator().manual_seed(seed), []
+
+    def grads(run: Callable[[Inputs], object], to: torch.dtype) -> dict[str, Tensor]:
+        leaves: Inputs = {}
+        for name, value in inputs.items():
+            if isinstance(value, tuple):
+                leaves[name] = tuple(t.detach().to(to).requires_grad_(name in checked) for t in value)
+            else:
+                leaves[name] = None if value is None else value.detach().to(to).requires_grad_(name in checked)
+        outs = _tensors(run(leaves))
+        if not weights:
+            weights.extend(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in outs)
+        sum((t * w.to(to)).sum() for t, w in zip(outs, weights)).backward()
+        found = {}
+        for name in checked:
+            parts = _tensors(leaves[name])
+            found.update({name if len(parts) == 1 else f"{name}[{i}]": t.grad for i, t in enumerate(parts)})
+        return found
+
+    expected, got = grads(reference, torch.float64), grads(chunked, dtype)
+    for name, want in expected.items():
+        have = got[name]
+        if have is None or want is None:
+            raise AssertionError(f"{name}: no gradient reached it (chunked: {have is not None}, "
+                                 f"reference: {want is not None})")
+        worst = (have.double() - want).abs().max().item()
+        if not (torch.isfinite(have).all() and worst <= tolerance * want.abs().max().item()):
+            raise AssertionError(f"{name}: the {dtype} gradient differs from the float64 reference's by {worst:.2e} "
+                                 f"(over {tolerance:.0e} of its largest)")
+
+
+def kernel_paths_agree(mixer: Mixer, x: Tensor, *, tolerance: float, steps: int = 10, padding: Tensor | None = None,
+                       floor: float = 0.0, paths: tuple[str, str] = ("fla", "torch")) -> None:
+    """The same mixer through two kernel paths (``SEQZOO_SCAN``: ``fla`` takes flash-linear-attention's
+    Triton kernels on CUDA, ``torch`` the plain chunked forms) gives the same results.
+
+    x (B, T, C) on the mixer's device and dtype: the first T − ``steps`` tokens in one forward
+    (``padding`` (B, T − steps) its mask, if given) from a fresh state, the backward of its squared
+    sum, then ``steps`` decode steps. The output, the steps, x's gradient and the final state's
+    floating tensors must agree within ``tolerance`` · max |second path's| + ``floor``, every
+    parameter's gradient within ``tolerance`` · max + 1e-6. ``SEQZOO_SCAN`` is restored after.
+    Raises AssertionError naming what differs.
+    """
+    batch, length, _ = x.shape
+    prefix = length - steps
+
+    def run(path: str) -> tuple[dict[str, Tensor], list[Tensor]]:
+        saved = os.environ.get("SEQZOO_SCAN")
+        os.environ["SEQZOO_SCAN"] = path
+        try:
+            mixer.zero_grad()
+            leaf = x.detach().requires_grad_()
+            state = mixer.new_state(batch, length, device=x.device, dtype=x.dtype)
+            out = mixer(leaf[:, :prefix], _context(torch.arange(prefix, device=x.device)[None], key_padding=padding),
+                        state)
+            out.float().square().sum().backward()
+            with torch.no_grad():
+                decoded = [mixer(leaf[:, t:t + 1], _context(torch.tensor([[t]], device=x.device)), state)
+                           for t in range(prefix, length)]
+        finally:
+            if saved is None:
+                os.environ.pop("SEQZOO_SCAN", None)
+            else:
+                os.environ["SEQZOO_SCAN"] = saved
+        results = {"the output": out, "the decode steps": torch.cat(decoded, 1), "the input's gradient": leaf.grad}
+        results.update({f"the state's {k}": v for k, v in state_tensors(state).items() if v.is_floating_point()})
+        return results, [p.grad.clone() for p in mixer.parameters()]
+
+    (first, first_grads), (second, second_grads) = run(paths[0]), run(paths[1])
+    pairs = [(name, got, second[name], floor) for name, got in first.items()]
+    names = [name for name, _ in mixer.named_parameters()]
+    pairs += [(f"{name}'s gradient", got, want, 1e-6) for name, got, want in zip(names, first_grads, second_grads)]
+    for name, got, want, slack in pairs:
+        worst = (got.float() - want.float()).abs().max().item()
+        if not worst <= tolerance * want.float().abs().max().item() + slack:
+            raise AssertionError(f"{name}: SEQZOO_SCAN={paths[0]} differs from {paths[1]} by {worst:.2e}")

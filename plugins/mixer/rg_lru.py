@@ -32,9 +32,8 @@ from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
-from ._conv_state import RecurrentState, conv_inputs
+from ._conv_state import RecurrentState, causal_conv, conv_inputs
 from ._diagonal_scan import diagonal_scan
-from ._fla_conv import short_conv
 from ._segments import in_segments
 
 #: The largest gradient of √(1 − a²) (RecurrentGemma's ``_MAX_SQRT_GRADIENT``): where a → 1 the
@@ -131,7 +130,7 @@ class RGLRU(Mixer):
         u, y = self.in_proj(x).chunk(2, dim=-1)  # (B, T, W) each
         if context.padding is not None:
             u = u * context.padding.to(x.dtype)[..., None]
-        u = short_conv(self.conv1d, u, state)
+        u = causal_conv(self.conv1d, u, state)
         begun = None if state is None else state.begun
         first = first_tokens(context.padding, begun, x.shape[:2], x.device)
         with torch.autocast(x.device.type, enabled=False):  # gates and recurrence in float32 under autocast too

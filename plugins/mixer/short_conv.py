@@ -10,7 +10,7 @@ No recurrence beyond the conv: a sequence is one conv over it (already parallel;
 to chunk), and the decoding state is the conv's last K − 1 gated inputs, (C, K − 1) per row
 whatever the length. Padded positions enter the conv as zeros, as an empty history does, so they
 leave the state as it was. ``seqzoo.reference.short_conv`` is the same layer token by token; on
-CUDA with flash-linear-attention installed the conv runs on fla's ``causal_conv1d`` (``_fla_conv``).
+CUDA with flash-linear-attention installed the conv runs on fla's ``causal_conv1d`` (``_conv_state``).
 """
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveInt
 
-from ._conv_state import RecurrentState, conv_inputs
-from ._fla_conv import short_conv
+from ._conv_state import RecurrentState, causal_conv, conv_inputs
 from ._segments import in_segments
 
 
@@ -62,7 +61,7 @@ class ShortConv(Mixer):
         gated = b * u
         if context.padding is not None:
             gated = gated * context.padding.to(x.dtype)[..., None]
-        return self.out_proj(c * short_conv(self.conv1d, gated, state))
+        return self.out_proj(c * causal_conv(self.conv1d, gated, state))
 
     def extra_repr(self) -> str:
         return f"conv={self.kernel}"
