@@ -130,9 +130,12 @@ def wkv7(r: Tensor, w: Tensor, k: Tensor, v: Tensor, kappa: Tensor, rate: Tensor
         return kernels[0](r, w, k, v, a=-kappa, b=kappa * rate, scale=1.0, initial_state=state,
                           output_final_state=True)
     dtype = torch.promote_types(v.dtype, torch.float32)
-    kappa = kappa.to(dtype)
-    a, b = -kappa, kappa * rate.to(dtype)
-    if decode:
-        o, final = dplr_step(r[:, 0], w[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0], state)
-        return o[:, None], final
-    return dplr_chunked(r, w, k, v, a, b, state, chunk)
+    # float32 under autocast too: the state's products and the triangular solve (which has no
+    # bfloat16 kernel on the CPU) stay in float32, as every recurrent state in seqzoo does
+    with torch.autocast(v.device.type, enabled=False):
+        r, w, k, v, kappa, rate = (t.to(dtype) for t in (r, w, k, v, kappa, rate))
+        a, b = -kappa, kappa * rate
+        if decode:
+            o, final = dplr_step(r[:, 0], w[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0], state)
+            return o[:, None], final
+        return dplr_chunked(r, w, k, v, a, b, state, chunk)
