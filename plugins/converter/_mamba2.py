@@ -74,8 +74,9 @@ def mixer_config(spec: Mapping, names: Mapping[str, str], dim: int) -> dict:
 
 def mixer_rules(ours: str, theirs: str, spec: Mapping) -> list[Rule]:
     """A ``mamba2`` mixer's tensors (seqzoo prefix ``ours``, HF prefix ``theirs``): same names, same
-    shapes."""
-    rules = [copy(ours + name, theirs + name) for name in ("A_log", "D", "dt_bias", "norm.weight")]
+    shapes (no ``norm.weight`` without ``rmsnorm``)."""
+    names = ("A_log", "D", "dt_bias", "norm.weight") if spec.get("rmsnorm", True) else ("A_log", "D", "dt_bias")
+    rules = [copy(ours + name, theirs + name) for name in names]
     rules += linear(ours + "in_proj", theirs + "in_proj", spec["bias"])
     rules += linear(ours + "conv1d", theirs + "conv1d", spec["conv_bias"])
     return rules + linear(ours + "out_proj", theirs + "out_proj", spec["bias"])
@@ -92,4 +93,6 @@ def mixer_problem(spec: Mapping, eps: float, family: str, *, free_heads: bool = 
                                   f"({family} has one ε)"),
         (limit is None or (len(limit) == 2 and limit[0] <= limit[1]),
          f"model.mixer.dt_limit {limit} must be a pair [lo, hi] with lo ≤ hi"),
+        (spec.get("rmsnorm", True) and not spec.get("norm_before_gate", False),
+         f"model.mixer: {family}'s Mamba-2 gates, then normalises (rmsnorm true, norm_before_gate false)"),
     )

@@ -5,6 +5,7 @@
     Δ = softplus(Δ + dt_bias)              one step size per head and token
     y = SSD(x, Δ, a, B, C) + D ⊙ x         a = −exp(A_log), a scalar per head; see ``_ssd``
     out = out_proj(RMSNorm_G(y ⊙ SiLU(z)))  gated RMSNorm over each of the G groups
+                                           (or RMSNorm_G(y) ⊙ SiLU(z); or y ⊙ SiLU(z), no norm)
 
 Heads are P wide; the G groups of heads share B and C (as grouped-query attention shares K and V).
 The decoding state is the last K − 1 conv inputs and an (H, P, N) state per row.
@@ -38,7 +39,9 @@ class Mamba2(Mixer):
     (false). conv_bias (true). norm_eps: the gated RMSNorm's ε (1e-5). dt_min, dt_max: initial step
     range (0.001, 0.1). dt_limit: [lo, hi] clamp of Δ (null: none). chunk: the SSD chunk length (64).
     mimetic: start as linear attention does, with C's projection and conv channels copies of B's and
-    almost no decay (``_mimetic``; Trockman et al., 2024) (false)."""
+    almost no decay (``_mimetic``; Trockman et al., 2024) (false). rmsnorm: the gated RMSNorm before
+    out_proj (true; false: out_proj(y ⊙ SiLU(z)), as Falcon-H1's ``mamba_rms_norm: false``).
+    norm_before_gate: RMSNorm_G(y) ⊙ SiLU(z) instead (false; mamba_ssm's option of that name)."""
 
     causal_only = True
     residual_projections = ("out_proj",)  # A_log, D and the Δ bias are not linears: they keep their init
@@ -49,7 +52,7 @@ class Mamba2(Mixer):
                  conv: PositiveInt = 4, expand: PositiveInt = 2, bias: bool = False, conv_bias: bool = True,
                  norm_eps: PositiveFloat = 1e-5, dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1,
                  dt_limit: list[float] | None = None, chunk: PositiveInt = 64, mimetic: bool = False,
-                 heads: PositiveInt | None = None) -> None:
+                 heads: PositiveInt | None = None, rmsnorm: bool = True, norm_before_gate: bool = False) -> None:
         super().__init__(dim)
         inner = expand * dim if heads is None else heads * head_dim
         if inner % head_dim or (inner // head_dim) % groups:
@@ -65,7 +68,7 @@ class Mamba2(Mixer):
         self.D = nn.Parameter(torch.ones(self.heads))
         dt = torch.exp(torch.rand(self.heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹ of the initial Δ
-        self.norm = GatedRMSNorm(inner, groups, norm_eps)
+        self.norm = GatedRMSNorm(inner, groups, norm_eps, norm_before_gate=norm_before_gate) if rmsnorm else None
         self.out_proj = Linear(inner, dim, bias=bias)
         if mimetic:
             width = groups * state
@@ -117,7 +120,8 @@ class Mamba2(Mixer):
         if state is not None:
             state.ssm = final
         y = y.to(x.dtype) + u * self.D.to(x.dtype)[:, None]
-        return self.out_proj(self.norm(y.reshape(batch, length, self.inner), z))
+        y = y.reshape(batch, length, self.inner)
+        return self.out_proj(self.norm(y, z) if self.norm is not None else y * F.silu(z))
 
     def extra_repr(self) -> str:
         return (f"inner={self.inner}, heads={self.heads}, head_dim={self.head_dim}, groups={self.groups}, "
