@@ -19,20 +19,24 @@ from torch import nn
 from ..interfaces import PositionScheme
 from ..nn.attention import AttentionConfig
 from ..nn.blocks import TransformerBlock, TransformerStack
+from ..nn.linear import Linear
+from ..nn.shared import SharedBlock, SharedSite
 from ..registry import Registry, registry
 from ..schema import Validator
 from .plan import ATTENTION, layer_plan, recipe_validator
 
 #: The model-section keys a ``TransformerStack`` is built from (``Parts.stack``): the keys every
 #: Transformer-stack model (``decoder_lm``, ``encoder``) takes under the same names.
+#: A model takes ``shared_blocks`` only if it runs them (``decoder_lm``).
 STACK_KEYS = ("dim", "layers", "max_seq_len", "attention", "ffn", "position", "norm", "placement", "residual",
-              "residual_multiplier", "mixer", "embed_norm", "dropout", "layer_types", "pattern", "layer_overrides")
+              "residual_multiplier", "mixer", "embed_norm", "dropout", "layer_types", "pattern", "layer_overrides",
+              "shared_blocks")
 
 
 def stack_section(values: dict) -> dict:
     """The ``STACK_KEYS`` of ``values`` (a model constructor's ``locals()``: its parameters are the
-    recipe's keys), the section ``Parts.stack`` builds from."""
-    return {key: values[key] for key in STACK_KEYS}
+    recipe's keys) that it has, the section ``Parts.stack`` builds from."""
+    return {key: values[key] for key in STACK_KEYS if key in values}
 
 
 class Parts:
@@ -76,9 +80,9 @@ class Parts:
         section = model.get("attention")
         section = asdict(section) if isinstance(section, AttentionConfig) else section
 
-        def dims(mixer: dict) -> tuple[int, int] | None:  # (head_dim, heads) of an attending mixer
+        def dims(mixer: dict, width: int = dim) -> tuple[int, int] | None:  # (head_dim, heads) of an attending mixer
             cls = self.components.get("mixer", mixer["kind"]).cls
-            return cls.position_dims(mixer, dim) or next(filter(None, map(dims, cls.branches(mixer))), None)
+            return cls.position_dims(mixer, width) or next(filter(None, map(dims, cls.branches(mixer))), None)
 
         # The stack's own scheme (embedding-side, bounding the length) is shaped for the attention:
         # section, else the first layer that attends; a layer that does not attend (a recurrence
@@ -87,22 +91,32 @@ class Parts:
         own = dims({**ATTENTION, **section}) if section else next(
             filter(None, (dims(plan.mixer_spec) for plan in plans)), None)
         own = own or (dim, 1)
+        # Shared blocks attend over their own input width W (2C when they read [x; e]).
+        shared_specs = model.get("shared_blocks") or []
+        widths = [2 * dim if block["concat_embeddings"] else dim for block in shared_specs]
+        shared_positions = [(block["position"] or model["position"], dims({**ATTENTION, **block["attention"]}, width))
+                            for block, width in zip(shared_specs, widths)]
         schemes: dict[str, PositionScheme] = {}
         layer_scheme = []
         for spec, (d, heads) in [(model["position"], own),
-                                 *((plan.position, dims(plan.mixer_spec) or own) for plan in plans)]:
+                                 *((plan.position, dims(plan.mixer_spec) or own) for plan in plans),
+                                 *shared_positions]:
             key = repr((sorted(spec.items()) if isinstance(spec, dict) else spec, d, heads))
             if key not in schemes:
                 schemes[key] = self.make("position", spec, dim, d, heads, max_seq_len)
             layer_scheme.append(list(schemes).index(key))
+        layer_scheme, shared_scheme = layer_scheme[:len(plans) + 1], layer_scheme[len(plans) + 1:]
+        shared = [self.shared_block(spec, width, model) for spec, width in zip(shared_specs, widths)]
         blocks = []
         for plan in plans:
             ffn = self.make("ffn", plan.ffn, dim) if plan.ffn is not None else None
+            index = plan.shared_block
+            site = None if index is None else SharedSite(index, shared[index].shapes, shared[index].rank, dim)
             blocks.append(TransformerBlock(
                 self.make("mixer", plan.mixer_spec, dim), ffn, partial(self.make, "norm", plan.norm, dim),
                 placement=plan.placement, residual=plan.residual, dropout=dropout,
                 cross_attn=self.cross_attention(dim, plan.attention) if cross else None,
-                mixer_norm=plan.mixer_norm, residual_multiplier=plan.residual_multiplier))
+                mixer_norm=plan.mixer_norm, residual_multiplier=plan.residual_multiplier, site=site))
         # Post-norm blocks end in a norm already; every other placement needs one at the top.
         top = plans[-1]
         final_norm = self.make("norm", top.norm, dim) if top.placement != "post" else None
@@ -110,4 +124,20 @@ class Parts:
         position, *others = schemes.values()
         return TransformerStack(blocks, position, causal=causal, layer_positions=others,
                                 layer_scheme=layer_scheme[1:], embed_norm=embed_norm, final_norm=final_norm,
-                                dropout=dropout)
+                                dropout=dropout, shared_blocks=shared, shared_scheme=shared_scheme)
+
+    def shared_block(self, spec: dict, width: int, model: dict) -> SharedBlock:
+        """A model's shared block (a validated ``SharedBlockConfig`` mapping) reading ``width``
+        features: its attention is built at that width and writes the model's ``dim``."""
+        dim = model["dim"]
+        norm = spec["norm"] or model["norm"]
+        attention = self.make("mixer", {**ATTENTION, **spec["attention"]}, width)
+        # The attention reads W = 2C features (Zamba's [x; e]) and writes C: its output projection
+        # is made C wide (the constructor's own is W wide, as self-attention keeps its width).
+        out = attention.out_proj
+        attention.out_proj = Linear(out.in_features, dim, bias=out.bias is not None)
+        ffn = self.make("ffn", spec["ffn"], dim) if spec["ffn"] is not None else None
+        return SharedBlock(self.make("norm", norm, width), attention,
+                           self.make("norm", norm, dim) if ffn is not None else None, ffn,
+                           concat_embeddings=spec["concat_embeddings"], adapters=tuple(spec["adapters"]),
+                           rank=spec["adapter_rank"])

@@ -13,8 +13,9 @@ A uniform stack is ``layers: N``. A heterogeneous one names layer types and a re
 A layer type overrides any per-layer part of the model section: ``mixer``, ``attention`` (window,
 score, softcap, QK-norm, ...), ``position`` (another scheme, ``none`` for NoPE layers, a RoPE base
 or scaling of its own), ``ffn``, ``norm``, ``placement``, ``residual`` and ``residual_multiplier``;
-and ``mixer_norm: false`` drops the norm before the mixer (ModernBERT's layer 0, whose input is the
-embedding norm's output).
+``mixer_norm: false`` drops the norm before the mixer (ModernBERT's layer 0, whose input is the
+embedding norm's output); and ``shared_block: i`` runs the model's ``shared_blocks[i]`` before the
+layer's mixer (Zamba2; ``seqzoo.nn.shared``).
 A mapping is merged into the model's value (a different ``kind`` replaces it); a name replaces it.
 
 The ``attention:`` section is shorthand for ``mixer: {kind: attention, ...}`` with the same keys
@@ -35,17 +36,17 @@ from ..interfaces import CORE_ARGS, PositionScheme
 from ..nn.attention import AttentionConfig, check_attention
 from ..nn.blocks import Placement, Residual
 from ..registry import Registry, registry
-from ..schema import PositiveFloat, SchemaError, Validator, dotted, instantiate
+from ..schema import NonNegativeInt, PositiveFloat, SchemaError, Validator, dotted, instantiate
 
 ATTENTION = {"kind": "attention"}  # the mixer of a layer whose mixer is null: the attention: section
 
 #: The model-section keys a layer type may override.
 LAYER_KEYS = ("mixer", "attention", "position", "ffn", "norm", "placement", "residual", "mixer_norm",
-              "residual_multiplier")
+              "residual_multiplier", "shared_block")
 #: Their values when a model section does not have the key (an encoder–decoder has no residual:;
-#: ``mixer_norm`` is per layer only).
+#: ``mixer_norm`` and ``shared_block`` are per layer only).
 DEFAULTS = {"mixer": None, "residual": "sequential", "placement": "pre", "mixer_norm": True,
-            "residual_multiplier": 1.0}
+            "residual_multiplier": 1.0, "shared_block": None}
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class LayerPlan:
     """The resolved parts of one layer: validated specs (``{kind: name, **params}``; an attending
     layer's mixer is ``{kind: attention}`` and its keys are in ``attention``), the attention
     section as an ``AttentionConfig``, and the layer type's name (None for the model's defaults).
-    ``mixer_norm``: whether the block has its norm before the mixer (``TransformerBlock.mixer_norm``)."""
+    ``mixer_norm``: whether the block has its norm before the mixer (``TransformerBlock.mixer_norm``).
+    ``shared_block``: the index of the model's shared block the layer runs first, or None."""
 
     type: str | None
     mixer: dict
@@ -65,6 +67,7 @@ class LayerPlan:
     residual: Residual
     mixer_norm: bool = True
     residual_multiplier: float = 1.0
+    shared_block: int | None = None
 
     @property
     def mixer_spec(self) -> dict:
@@ -203,7 +206,8 @@ def _resolve(base: dict, override: dict, model_path: tuple, where: tuple, dim: i
         placement=validator.value(part["placement"], Placement, at("placement")),
         residual=validator.value(part["residual"], Residual, at("residual")),
         mixer_norm=validator.value(part["mixer_norm"], bool, at("mixer_norm")),
-        residual_multiplier=validator.value(part["residual_multiplier"], PositiveFloat, at("residual_multiplier")))
+        residual_multiplier=validator.value(part["residual_multiplier"], PositiveFloat, at("residual_multiplier")),
+        shared_block=validator.value(part["shared_block"], NonNegativeInt | None, at("shared_block")))
 
 
 def _mixer(part: dict, at, where: tuple, model_path: tuple, dim: int,
@@ -251,6 +255,7 @@ def check_layers(model: dict, path: tuple, validator: Validator, *, causal: bool
     a valid recipe check nothing again. ``causal=False`` for encoder stacks, which causal-only
     mixers cannot serve."""
     plans = layer_plan(model, path, validator)
+    _check_shared_blocks(model, plans, path, validator)
     for index, plan in enumerate(plans):
         where = (*path, "layer_types", plan.type) if plan.type else path
         if not causal and validator.component("mixer", plan.mixer["kind"], (*where, "mixer")).causal_only:
@@ -267,3 +272,31 @@ def check_layers(model: dict, path: tuple, validator: Validator, *, causal: bool
                                                     f"placement is {plan.placement!r} (layer {index})")
 
 
+
+
+def _check_shared_blocks(model: dict, plans: list[LayerPlan], path: tuple, validator: Validator) -> None:
+    """A layer's ``shared_block`` names one of the model's ``shared_blocks`` and runs before a mixer;
+    every shared block has a site, and its attention fits its input width."""
+    blocks = model.get("shared_blocks") or []
+    for index, plan in enumerate(plans):
+        if plan.shared_block is None:
+            continue
+        where = (*path, "layer_types", plan.type, "shared_block") if plan.type else (*path, "shared_block")
+        if plan.shared_block >= len(blocks):
+            have = f"indices 0..{len(blocks) - 1}" if blocks else "the model has no shared_blocks"
+            raise SchemaError(where, f"shared block {plan.shared_block} does not exist ({have}; layer {index})")
+        if validator.component("mixer", plan.mixer["kind"], where).empty:
+            raise SchemaError(where, f"a shared block feeds the layer's mixer; layer {index} has mixer none")
+    for i, spec in enumerate(blocks):
+        where = (*path, "shared_blocks", i)
+        width = 2 * model["dim"] if spec["concat_embeddings"] else model["dim"]
+        check_attention(spec["attention"], width, (*where, "attention"))
+        position = spec["position"]
+        if position is not None and _embeds(validator, position["kind"], (*where, "position")):
+            raise SchemaError((*where, "position"), f"{position['kind']!r} adds to the token embeddings; a shared "
+                                                    f"block's attention may use rotary or bias schemes, or none")
+        if "ffn" in spec["adapters"] and spec["ffn"] is None:
+            raise SchemaError((*where, "adapters"), "ffn is adapted, but the block has no ffn; drop it from adapters")
+        if not any(plan.shared_block == i for plan in plans):
+            raise SchemaError(where, f"shared block {i} runs in no layer; name it in a layer type "
+                                     f"(shared_block: {i}) or remove it")

@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..interfaces import Mixer, MixerContext, MixerState, PositionScheme
 from .attention import MultiHeadAttention, self_attention_inputs, static_attention_inputs
 from .cache import DecodeCache
+from .shared import SharedBlock, SharedSite, SiteState
 
 Placement = Literal["pre", "post", "sandwich", "output"]
 Residual = Literal["sequential", "parallel", "parallel_shared"]
@@ -47,12 +48,14 @@ class TransformerBlock(nn.Module):
     input is the embedding norm's output). The recipe validator has checked the combination of
     placement and residual (``seqzoo.builder.plan``); the block wires what it is given.
     ``ffn=None`` leaves out the feed-forward sublayer and its norms (Mamba's layers are a mixer only).
+    ``site``: the layer's use of a shared block (``seqzoo.nn.shared``), whose output the stack hands
+    ``forward`` as ``lift``: it joins the mixer's input, not the residual stream.
     """
 
     def __init__(self, mixer: Mixer, ffn: nn.Module | None, norm: Callable[[], nn.Module], *,
                  placement: Placement = "pre", residual: Residual = "sequential", dropout: float = 0.0,
                  cross_attn: MultiHeadAttention | None = None, mixer_norm: bool = True,
-                 residual_multiplier: float = 1.0) -> None:
+                 residual_multiplier: float = 1.0, site: SharedSite | None = None) -> None:
         super().__init__()
         self.placement, self.residual = placement, residual
         self.residual_multiplier = residual_multiplier
@@ -68,6 +71,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = norm() if ffn is not None and inputs and residual != "parallel_shared" else None
         self.ffn_out_norm = norm() if ffn is not None and outputs else None
         self.ffn = ffn
+        self.site = site  # None: the layer runs no shared block
         self.dropout = nn.Dropout(dropout)
 
     def _drop(self, x: Tensor) -> Tensor:
@@ -77,24 +81,30 @@ class TransformerBlock(nn.Module):
         x = self.dropout(x) if self.training and self.dropout.p > 0 else x
         return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
 
-    def _sublayer(self, x: Tensor, in_norm: nn.Module | None, out_norm: nn.Module | None, fn) -> Tensor:
+    def _sublayer(self, x: Tensor, in_norm: nn.Module | None, out_norm: nn.Module | None, fn,
+                  lift: Tensor | None = None) -> Tensor:
+        u = x if lift is None else x + lift  # the sublayer's input; the residual stays x
         if self.placement == "post":
-            x = x + self._drop(fn(x))
+            x = x + self._drop(fn(u))
             return in_norm(x) if in_norm is not None else x
-        h = fn(in_norm(x) if in_norm is not None else x)
+        h = fn(in_norm(u) if in_norm is not None else u)
         return x + self._drop(out_norm(h) if out_norm is not None else h)
 
     def forward(self, x: Tensor, context: MixerContext, state: MixerState | None = None,
-                memory: Tensor | None = None, memory_mask: Tensor | None = None, layer: int = 0) -> Tensor:
+                memory: Tensor | None = None, memory_mask: Tensor | None = None, layer: int = 0,
+                lift: Tensor | None = None) -> Tensor:
         """x (B, T, C) -> (B, T, C); ``state`` the mixer's decoding state; ``memory`` (B, S, C_m)
-        for cross-attention layers (``layer`` keys its projected memory in the cache)."""
+        for cross-attention layers (``layer`` keys its projected memory in the cache); ``lift``
+        (B, T, C) added to the mixer's input only (a shared block's output, ``site``)."""
         if self.residual != "sequential":
-            h = self.mixer_norm(x) if self.mixer_norm is not None else x
+            u = x if lift is None else x + lift
+            h = self.mixer_norm(u) if self.mixer_norm is not None else u
             f = h if self.ffn_norm is None else self.ffn_norm(x)
             out = x + self._drop(self.mixer(h, context, state))
             return out + self._drop(self.ffn(f)) if self.ffn is not None else out
         if not self.mixer.empty:
-            x = self._sublayer(x, self.mixer_norm, self.mixer_out_norm, lambda h: self.mixer(h, context, state))
+            x = self._sublayer(x, self.mixer_norm, self.mixer_out_norm, lambda h: self.mixer(h, context, state),
+                               lift)
         if memory is not None:
             x = self._sublayer(x, self.cross_norm, self.cross_out_norm, lambda h: self.cross_attn.attend_memory(
                 h, memory, memory_mask, context.cache, layer))
@@ -110,12 +120,15 @@ class TransformerStack(nn.Module):
     ``layer_scheme[i]`` says which scheme layer i uses (0 = ``position``, j = ``layer_positions[j-1]``).
     Masks, key positions and each scheme's prepared tables are built once per forward for each
     distinct (scheme, window) pair, never per layer. ``causal`` stacks (decoders) mask future keys.
+    ``shared_blocks``: blocks whose weights several layers run (``seqzoo.nn.shared``), each before
+    its sites' mixers, with its scheme at ``shared_scheme[i]`` (numbered as ``layer_scheme``).
     """
 
     def __init__(self, blocks: list[TransformerBlock], position: PositionScheme, *, causal: bool,
                  layer_positions: list[PositionScheme] = (), layer_scheme: list[int] | None = None,
                  embed_norm: nn.Module | None = None, final_norm: nn.Module | None = None,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, shared_blocks: list[SharedBlock] = (),
+                 shared_scheme: list[int] | None = None) -> None:
         super().__init__()
         self.causal = causal
         self.position = position
@@ -129,6 +142,8 @@ class TransformerStack(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = final_norm if final_norm is not None else nn.Identity()
+        self.shared_blocks = nn.ModuleList(shared_blocks)
+        self.shared_scheme = list(shared_scheme) if shared_scheme is not None else [0] * len(shared_blocks)
 
     @property
     def residual_branches(self) -> int:
@@ -144,13 +159,20 @@ class TransformerStack(nn.Module):
     def static_blocker(self) -> str | None:
         """The name of the first position scheme or mixer whose decode step changes shape from
         token to token (so a compiled static step would recompile), or None when there is none."""
-        parts = [*self.schemes, *(block.mixer for block in self.blocks)]
+        parts = [*self.schemes, *(block.mixer for block in self.blocks), *(s.attention for s in self.shared_blocks)]
         return next((type(part).__name__ for part in parts if not part.compiles_statically), None)
 
     def new_cache(self, batch: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> DecodeCache:
-        """An empty decode cache: each layer's mixer makes its own state."""
-        states = [block.mixer.new_state(batch, max_len, device=device, dtype=dtype) for block in self.blocks]
-        return DecodeCache(states, batch, max_len, device=device)
+        """An empty decode cache: each layer's mixer makes its own state (a shared block's site adds
+        its own KV slice of the shared attention)."""
+        def state(block: TransformerBlock) -> MixerState:
+            own = block.mixer.new_state(batch, max_len, device=device, dtype=dtype)
+            if block.site is None:
+                return own
+            shared = self.shared_blocks[block.site.block].new_state(batch, max_len, device=device, dtype=dtype)
+            return SiteState(own, shared)
+
+        return DecodeCache([state(block) for block in self.blocks], batch, max_len, device=device)
 
     def positions(self, t: int, *, attention_mask: Tensor | None, cache: DecodeCache | None,
                   device: torch.device) -> Tensor:
@@ -194,25 +216,38 @@ class TransformerStack(nn.Module):
             if positions is None:
                 positions = self.positions(t, attention_mask=attention_mask, cache=cache, device=x.device)
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
+        embeddings = x if self.shared_blocks else None  # what shared blocks may read beside each layer's input
         schemes = self.schemes
         contexts: dict[tuple[int, int | None], MixerContext] = {}
         cross_mask = memory_mask.bool()[:, None, None, :] if memory_mask is not None else None
-        for layer, block in enumerate(self.blocks):
-            key = (self.layer_scheme[layer], block.mixer.window)
+
+        def context_for(scheme_index: int, window: int | None) -> MixerContext:
+            key = (scheme_index, window)
             context = contexts.get(key)
             if context is None:  # once per distinct configuration and forward
-                scheme = schemes[key[0]]
+                scheme = schemes[scheme_index]
                 # A scheme's prepared tables do not depend on the window: share them.
-                prepared = next((c.prepared for (s, _), c in contexts.items() if s == key[0]), None)
+                prepared = next((c.prepared for (s, _), c in contexts.items() if s == scheme_index), None)
                 if static:
-                    context = static_attention_inputs(scheme, positions, cache, window=key[1], prepared=prepared)
+                    context = static_attention_inputs(scheme, positions, cache, window=window, prepared=prepared)
                 else:
                     context = self_attention_inputs(scheme, positions, causal=self.causal, cache=cache,
-                                                    key_padding=attention_mask, window=key[1], prepared=prepared,
+                                                    key_padding=attention_mask, window=window, prepared=prepared,
                                                     documents=documents)
                 contexts[key] = context
+            return context
+
+        for layer, block in enumerate(self.blocks):
+            context = context_for(self.layer_scheme[layer], block.mixer.window)
             state = cache.states[layer] if cache is not None else None
-            x = block(x, context, state, memory, cross_mask, layer)
+            lift = None
+            if block.site is not None:
+                index = block.site.block
+                shared = self.shared_blocks[index]
+                site_state, state = (state.shared, state.mixer) if state is not None else (None, None)
+                lift = block.site(x, embeddings, shared, context_for(self.shared_scheme[index], shared.window),
+                                  site_state)
+            x = block(x, context, state, memory, cross_mask, layer, lift=lift)
         if cache is not None and not static:
             cache.advance(positions)
         return self.final_norm(x)

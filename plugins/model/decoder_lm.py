@@ -19,6 +19,7 @@ from seqzoo.nn.generation import CausalSession
 from seqzoo.nn.init import init_weights
 from seqzoo.nn.linear import Linear
 from seqzoo.nn.losses import linear_cross_entropy
+from seqzoo.nn.shared import SharedBlockConfig
 from seqzoo.registry import builtin
 from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec, Validator
 
@@ -39,7 +40,9 @@ class DecoderLM(LanguageModel):
     (see ``seqzoo.builder.plan``). The μP multipliers of Granite and Falcon-H1, 1 by default:
     embedding_multiplier (the token embeddings, after any √C scale), residual_multiplier (each
     sublayer's output as it joins the residual stream; also per layer), logits_multiplier (the
-    logits, before any final softcap; Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier)."""
+    logits, before any final softcap; Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier).
+    shared_blocks: attention + FFN blocks whose weights the layers naming them (``shared_block: i``
+    in a layer type) share, each site with adapters of its own (Zamba2; see SharedBlockConfig)."""
 
     prompt_padding = "left"
     fused_loss = True
@@ -56,7 +59,7 @@ class DecoderLM(LanguageModel):
                  final_softcap: PositiveFloat | None = None, layer_types: dict[str, dict] | None = None,
                  pattern: list[str] | None = None, layer_overrides: dict[str, Any] | None = None,
                  embedding_multiplier: PositiveFloat = 1.0, residual_multiplier: PositiveFloat = 1.0,
-                 logits_multiplier: PositiveFloat = 1.0) -> None:
+                 logits_multiplier: PositiveFloat = 1.0, shared_blocks: list[SharedBlockConfig] | None = None) -> None:
         super().__init__()
         self.vocab_size, self.dim, self.max_seq_len = vocab_size, dim, max_seq_len
         self.tie_embeddings = tie_embeddings
