@@ -22,6 +22,7 @@ the modules are not imported here, so their names stay the modules'):
 - ``rg_lru`` (``.rg_lru``): Griffin's real-gated linear recurrent unit
 - ``gated_short_conv`` (``.short_conv``): LFM2's gated causal depthwise convolution
 - ``generalized_delta_rule``, ``rwkv7_time_mix``, ``rwkv7_channel_mix`` (``.rwkv7``): RWKV-7
+- ``.rwkv4``: RWKV-4's WKV, the max-stabilised per-channel decay with a bonus for the current token
 
 Each function takes the state before the first token as ``state`` (None: zeros) and returns
 (outputs, final state), so a sequence can be continued by passing the state back in.
