@@ -49,11 +49,16 @@ class TrainConfig:
     """The ``train:`` section of a recipe.
 
     task: a ``task`` component (copy). steps: optimizer steps (1000). batch_size: examples per step
-    and process (32). lr: peak learning rate (3e-4). warmup: linear warm-up steps (100).
-    schedule: cosine | linear | constant after warm-up (cosine). min_lr_ratio: where the decay
-    ends, as a fraction of lr (0.1). weight_decay: AdamW decay of weight matrices (0.01; vectors —
-    norms and biases — are not decayed, nor what a module lists in ``no_weight_decay``, such as
-    Mamba's A_log). beta1, beta2: AdamW betas (0.9, 0.95). grad_clip: clip
+    and process (32). lr: peak learning rate (3e-4). optimizer: an ``optimizer`` component, by name
+    or with options (adamw; also muon, adafactor, sgd). warmup: linear warm-up steps (100).
+    schedule: a ``schedule`` component (cosine; also linear, constant, wsd, inverse_sqrt).
+    min_lr_ratio: where the decay ends, as a fraction of lr (0.1). weight_decay: decay of weight
+    matrices (0.01; vectors — norms and biases — are not decayed, nor what a module lists in
+    ``no_weight_decay``, such as Mamba's A_log). beta1, beta2: the betas of Adam's moment estimates
+    (adamw, and muon's AdamW part) (0.9, 0.95). label_smoothing: ε, the training target's share
+    spread evenly over the vocabulary (0; the Transformer's 0.1). z_loss: λ, a coefficient on
+    log²Z, the squared log-partition of each labelled position's logits (0; PaLM's 1e-4). Both
+    shape the training objective only; held-out loss is plain cross-entropy. grad_clip: clip
     the global gradient norm to this (1.0; null = off). eval_every: evaluate every N steps (0 =
     at the end only). eval_examples: held-out examples per evaluation (256). log_every: a history
     entry every N steps (10). save_every: write the checkpoint every N steps (0 = at the end).
@@ -77,12 +82,15 @@ class TrainConfig:
     batch_size: PositiveInt = 32
     accumulate: PositiveInt = 1
     lr: PositiveFloat = 3e-4
+    optimizer: Spec["optimizer"] = "adamw"
     warmup: NonNegativeInt = 100
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    schedule: Spec["schedule"] = "cosine"
     min_lr_ratio: UnitInterval = 0.1
     weight_decay: NonNegativeFloat = 0.01
     beta1: UnitInterval = 0.9
     beta2: UnitInterval = 0.95
+    label_smoothing: Probability = 0.0
+    z_loss: NonNegativeFloat = 0.0
     grad_clip: PositiveFloat | None = 1.0
     eval_every: NonNegativeInt = 0
     eval_examples: PositiveInt = 256

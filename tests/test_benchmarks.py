@@ -43,6 +43,17 @@ def test_run_quick_prints_every_comparison(tmp_path):
     assert set(seams["vs"]) == {"reference"}
 
 
+def test_optimizer_benchmark_runs(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "optimizers.py"), "--rounds", "1", "--warmup", "0",
+                          "--batch", "2", "--seq-len", "16", "--set", "model.layers=1",
+                          "--json", str(tmp_path / "o.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert set(result["medians"]) == {"adamw", "muon"} and result["step_ratio"] > 0
+    assert "Muon's whole step / AdamW's" in out.stdout
+
+
 def test_startup_benchmark_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "startup.py"), "--runs", "1", "--no-example"],
                          capture_output=True, text=True, timeout=300)

@@ -98,7 +98,8 @@ def test_catalog_lists_every_builtin_with_its_reference_and_parameters(fresh):
     assert "| `attention.heads` | `int in [1, 1024]` | required |" in decoder  # a section's own keys
 
 
-@pytest.mark.parametrize("kind", ["activation", "cell", "ffn", "mixer", "norm", "position", "rope_scaling", "score"])
+@pytest.mark.parametrize("kind", ["activation", "cell", "ffn", "mixer", "norm", "optimizer", "position", "rope_scaling",
+                                  "schedule", "score"])
 def test_every_builtin_of_a_mathematical_kind_states_its_formula(fresh, kind):
     """The catalog's reference line for these kinds is a formula, not just a paper: the lead of the
     module docstring (its first paragraph and an indented display after it) has an equation or at

@@ -215,3 +215,89 @@ def test_models_targets_equal_logits_loss(recipe):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+# -- label smoothing and the z-loss ---------------------------------------------------------------------
+def _objective(logits, targets, smoothing, z_loss):
+    """(1 − ε)·(lse − x_t) + ε·(lse − mean_v x_v) + λ·lse², averaged over labelled positions: the
+    module docstring's formula, written out."""
+    logits, targets = logits.flatten(0, -2).double(), targets.flatten()
+    real = targets != -100
+    logits, targets = logits[real], targets[real]
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, targets[:, None])[:, 0]
+    rows = (1 - smoothing) * (lse - picked) + smoothing * (lse - logits.mean(-1)) + z_loss * lse ** 2
+    return rows.mean()
+
+
+@pytest.mark.parametrize("smoothing, z_loss", [(0.1, 0.0), (0.0, 1e-2), (0.2, 1e-3)])
+def test_cross_entropy_on_logits_is_the_formula_and_torchs_label_smoothing(smoothing, z_loss):
+    from seqzoo.nn.losses import cross_entropy
+
+    torch.manual_seed(7)
+    logits = torch.randn(3, 9, 30) * 3
+    targets = torch.randint(0, 30, (3, 9))
+    targets[1, :4] = -100
+    got = cross_entropy(logits, targets, label_smoothing=smoothing, z_loss=z_loss)
+    torch.testing.assert_close(got.double(), _objective(logits, targets, smoothing, z_loss), rtol=1e-6, atol=1e-6)
+    if not z_loss:
+        want = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=smoothing)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("smoothing, z_loss", [(0.1, 0.0), (0.0, 1e-2), (0.2, 1e-3)])
+def test_fused_label_smoothing_and_z_loss_match_the_logits_objective(bias, smoothing, z_loss):
+    from seqzoo.nn.losses import cross_entropy
+
+    torch.manual_seed(8)
+    hidden = torch.randn(3, 21, 16, requires_grad=True)
+    weight = (torch.randn(50, 16) * 0.5).requires_grad_()
+    b = torch.randn(50, requires_grad=True) if bias else None
+    targets = torch.randint(0, 50, (3, 21))
+    targets[0, :5] = -100
+    params = [hidden, weight] + ([b] if bias else [])
+    want, want_grads = _grads(lambda: cross_entropy(F.linear(hidden, weight, b), targets, label_smoothing=smoothing,
+                                                    z_loss=z_loss), *params)
+    got, got_grads = _grads(lambda: linear_cross_entropy(hidden, weight, targets, b, chunk_rows=7,
+                                                         label_smoothing=smoothing, z_loss=z_loss), *params)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():  # evaluation-style call: the same value without the gradients
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets, b, label_smoothing=smoothing,
+                                                        z_loss=z_loss), want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_z_loss_gradient_survives_the_shifted_softmax_of_extreme_logits():
+    from seqzoo.nn.losses import cross_entropy
+
+    torch.manual_seed(9)
+    hidden = torch.randn(6, 8, requires_grad=True)
+    weight = (torch.randn(20, 8) * 40).requires_grad_()  # logits far past exp's safe range
+    targets = torch.randint(0, 20, (6,))
+    want, want_grads = _grads(lambda: cross_entropy(F.linear(hidden, weight), targets, label_smoothing=0.1,
+                                                    z_loss=1e-4), hidden, weight)
+    got, got_grads = _grads(lambda: linear_cross_entropy(hidden, weight, targets, label_smoothing=0.1, z_loss=1e-4),
+                            hidden, weight)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("recipe", ["tiny-gpt", "tiny-t5", "tiny-gemma2"])
+def test_models_take_label_smoothing_and_z_loss_in_their_fused_loss(recipe):
+    """decoder_lm and encoder_decoder pass both terms to the fused loss (tiny-gemma2's final softcap
+    goes through the logits path), equal to the objective on their logits."""
+    from seqzoo.nn.losses import cross_entropy
+
+    torch.manual_seed(10)
+    model = seqzoo.build(recipe, device="cpu").eval()
+    vocab = model.vocab_size
+    ids, targets = torch.randint(0, vocab, (2, 10)), torch.randint(0, vocab, (2, 10))
+    targets[:, :3] = -100
+    inputs = (torch.randint(0, vocab, (2, 7)), ids) if recipe == "tiny-t5" else (ids,)
+    with torch.no_grad():
+        want = cross_entropy(model(*inputs), targets, label_smoothing=0.1, z_loss=1e-3)
+        got = model(*inputs, targets=targets, label_smoothing=0.1, z_loss=1e-3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -68,6 +68,7 @@ def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Ten
     """The loss and the gradients of one training step (an optimizer that does not move)."""
     from seqzoo.train.distributed import Distributed
     from seqzoo.train.objectives import examples_for
+    from seqzoo.train.optimization import peak_rates, schedule_for
     from seqzoo.train.training import Position, Run, _one_step
 
     model = fresh()
@@ -76,7 +77,7 @@ def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Ten
     examples = examples_for(model, seqzoo.tokenizer(model), task, seed=cfg.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     run = Run(cfg, model, model, model, optimizer, examples, task, Distributed(), torch.device("cpu"), None,
-              at=Position(consumed=16))
+              schedule_for(cfg), peak_rates(optimizer), at=Position(consumed=16))
     loss, _, _ = _one_step(run, 0)
     return float(loss), {name: p.grad.clone() for name, p in model.named_parameters()}
 

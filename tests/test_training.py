@@ -1,5 +1,5 @@
-"""Training: schedule, batch format, every model family learns, exact resume, metrics, faults,
-and torchrun with 2 CPU processes (DDP and FSDP2)."""
+"""Training: schedule, batch format, every model family learns, exact resume (every optimizer and
+schedule), metrics, faults, and torchrun with 2 CPU processes (DDP and FSDP2)."""
 from __future__ import annotations
 
 import json
@@ -71,9 +71,16 @@ def test_every_family_learns(recipe):
     assert result.eval["examples"] == 16 and correct == round(correct)  # a count of exact matches
 
 
-def test_resume_continues_exactly(tmp_path):
-    recipe = resolve("tiny-gpt", ["model.attention.dropout=0.1", "model.dropout=0.1"]).data
-    cfg = config(steps=12)
+@pytest.mark.parametrize("optimizer, schedule", [
+    ("adamw", "cosine"), ("adamw", "linear"), ({"kind": "muon", "matrix_lr": 0.01}, "wsd"), ("muon", "cosine"),
+    ("adafactor", "inverse_sqrt"), ("sgd", {"kind": "wsd", "shape": "sqrt", "decay": 0.5}), ("sgd", "constant")])
+def test_resume_continues_exactly(optimizer, schedule, tmp_path):
+    """Every optimizer and schedule: Muon's momentum, Adafactor's factored moments and SGD's buffers go
+    through the checkpoint, and the resumed run lands on the weights of one that never stopped, on the
+    schedule's rates."""
+    layers = [] if optimizer == "adamw" and schedule == "cosine" else ["model.layers=1"]  # the others: quicker
+    recipe = resolve("tiny-gpt", ["model.attention.dropout=0.1", "model.dropout=0.1", *layers]).data
+    cfg = config(steps=12, optimizer=optimizer, schedule=schedule, log_every=1)
 
     def fresh():
         torch.manual_seed(0)
@@ -82,13 +89,14 @@ def test_resume_continues_exactly(tmp_path):
         return model
 
     straight = fresh()
-    train(straight, cfg, seqzoo.tokenizer(straight), quiet=True)
+    whole = train(straight, cfg, seqzoo.tokenizer(straight), quiet=True)
     first = fresh()
     train(first, cfg, seqzoo.tokenizer(first), output=str(tmp_path / "half.safetensors"), until=5, quiet=True)
     resumed = seqzoo.load(tmp_path / "half.safetensors", device="cpu")
-    train(resumed, cfg, seqzoo.tokenizer(resumed), resume=str(tmp_path / "half.safetensors"), quiet=True)
+    rest = train(resumed, cfg, seqzoo.tokenizer(resumed), resume=str(tmp_path / "half.safetensors"), quiet=True)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+    assert [h["lr"] for h in rest.history] == [h["lr"] for h in whole.history]
 
 
 def test_cli_train_writes_checkpoint_metrics_and_resumes(tmp_path, capsys):
@@ -283,7 +291,7 @@ def test_train_given_a_checkpoint_as_the_recipe_says_what_to_do(trained, capsys)
 def test_weight_decay_spares_norms_biases_and_mambas_a_and_d(name):
     """AdamW decays weight matrices only: not vectors, and not Mamba's A_log (a matrix in Mamba 1)
     or D, which the reference implementation (mamba_ssm) marks ``_no_weight_decay``."""
-    from seqzoo.train.distributed import optimizer_for
+    from seqzoo.train.optimization import optimizer_for
 
     model = seqzoo.build(name, device="cpu")
     decayed, spared = optimizer_for(model, TrainConfig(weight_decay=0.1)).param_groups

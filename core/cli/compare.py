@@ -1,5 +1,6 @@
-"""``seqzoo compare RECIPE... --data DIR (--steps N | --tokens N)``: several recipes trained side by
-side on the same data and budget, tabulated (``seqzoo.lab.compare``)."""
+"""``seqzoo compare RECIPE... [--contenders FILE] --data DIR (--steps N | --tokens N)``: several
+recipes — or contenders, each a recipe with its own overrides (``seqzoo.lab.contenders``) — trained
+side by side on the same data and budget, tabulated (``seqzoo.lab.compare``)."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +11,10 @@ from .options import add_set
 
 def register_cli(add) -> dict:
     p = add("compare", help="train several recipes on the same data and budget; a table and figures")
-    p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe paths or shipped recipe names")
+    p.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe paths or shipped recipe names")
+    p.add_argument("--contenders", action="append", default=[], metavar="FILE",
+                   help="a YAML file of contenders, each a name, a recipe and its own --set overrides (the "
+                        "training recipe too: train.optimizer, train.lr, ...); repeatable, after the RECIPEs")
     p.add_argument("--data", metavar="DIR", help="token shards from `seqzoo data prepare` (default: each recipe's "
                                                  "own train.task, which must be the same)")
     budget = p.add_mutually_exclusive_group(required=True)
@@ -38,13 +42,16 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _cmd_compare(args) -> int:
-    from ..lab.compare import Arm, arm_names, compare  # the lab imports plotting and the trainer
+    from ..lab.compare import compare  # the lab imports plotting and the trainer
+    from ..lab.contenders import with_contenders
 
     for flag, value in (("--steps", args.steps), ("--tokens", args.tokens), ("--workers", args.workers),
                         ("--threads", args.threads)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be >= 1, got {value}")
-    arms = [Arm(name, recipe) for name, recipe in zip(arm_names(args.recipes), args.recipes)]
+    if not args.recipes and not args.contenders:
+        raise InputError("seqzoo compare: give the recipes to compare, or --contenders FILE")
+    arms = with_contenders(args.recipes, args.contenders)
     results = compare(arms, args.output, steps=args.steps, tokens=args.tokens, seeds=parse_seeds(args.seeds),
                       data=args.data, overrides=args.overrides, match_params=args.match_params,
                       workers=args.workers, threads=args.threads,

@@ -6,7 +6,7 @@ arguments, validated beforehand against the constructor's signature and type hin
 
 Shape legend: B batch, T query length, S key length, H heads, K kv heads, D head dim, C model dim.
 The contracts live one concept per module (``part``, ``attention``, ``mixers``, ``feedforward``,
-``surgery``, ``data``, ``models``); import them from here.
+``surgery``, ``data``, ``models``, ``optimization``); import them from here.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from .feedforward import (
 )
 from .mixers import MaskSpec, Mixer, MixerContext, MixerState, RecurrentCell
 from .models import DecodeSession, LanguageModel, MaskedLanguageModel, Model
+from .optimization import Schedule, TrainedParameters, UpdateRule
 from .part import Part
 from .surgery import TransferRule
 
@@ -64,12 +65,14 @@ BASES: dict[str, type] = {
     "mixer": Mixer,
     "router": Router,
     "transfer": TransferRule,
+    "optimizer": UpdateRule,
+    "schedule": Schedule,
 }
 
 __all__ = [
     "Activation", "AuxiliaryLosses", "BASES", "CORE_ARGS", "DecodeSession", "DeferredTable", "FeedForward",
     "FlexScore", "IGNORE", "LanguageModel", "MaskSpec", "MaskedLanguageModel", "Mixer", "MixerContext", "MixerState",
     "Model", "Norm", "Part", "PositionBias", "PositionScheme", "RecurrentCell", "RopeScaling", "Rotary", "Router",
-    "Routing", "ScoreFunction", "Task", "TokenTask", "Tokenizer", "TransferRule", "auxiliary_losses",
-    "auxiliary_statistics", "distance_table",
+    "Routing", "Schedule", "ScoreFunction", "Task", "TokenTask", "Tokenizer", "TrainedParameters", "TransferRule",
+    "UpdateRule", "auxiliary_losses", "auxiliary_statistics", "distance_table",
 ]

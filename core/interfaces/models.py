@@ -61,6 +61,12 @@ class Model(nn.Module):
         """The most positions the model can read (a learned position table), or None."""
         return None
 
+    def shard_units(self) -> list[nn.Module]:
+        """The model's layers: FSDP shards them one by one before the whole model, and an optimizer
+        that treats hidden matrices apart (Muon) takes its matrices from them alone — what lies
+        outside (embeddings, the LM head, a pooler) trains with AdamW. Default: none."""
+        return []
+
 
 class LanguageModel(Model):
     """What ``seqzoo.generate``, beam search, ``seqzoo train`` and FSDP wrapping rely on in a
@@ -69,7 +75,10 @@ class LanguageModel(Model):
 
     ``forward`` takes the family's inputs — ``(input_ids, *, attention_mask=None, ...)`` for causal
     models, ``(src_ids, tgt_ids, src_mask=None)`` for seq2seq ones — and returns logits (B, T, V),
-    or with ``targets=`` (when ``fused_loss``) the mean cross-entropy against them.
+    or with ``targets=`` (when ``fused_loss``) the mean cross-entropy against them — and, given
+    ``label_smoothing=ε`` and ``z_loss=λ`` (keywords the trainer passes only when not 0), the
+    training objective (1 − ε)·CE + ε·mean over the vocabulary of −log p + λ·log²Z
+    (``seqzoo.nn.losses``), still without the full logits.
     """
 
     #: ``causal``: the output continues the input (decoder-only); ``seq2seq``: the input is a
@@ -80,7 +89,8 @@ class LanguageModel(Model):
     #: Where a batch of prompts of different lengths is padded: ``left``, ``right``, or None when
     #: the model cannot mask padding (prompts are then batched by length).
     prompt_padding: Literal["left", "right"] | None = "left"
-    #: Whether ``forward`` takes ``targets=`` and returns the loss with the LM head fused in.
+    #: Whether ``forward`` takes ``targets=`` (and ``label_smoothing=``, ``z_loss=``) and returns the
+    #: loss with the LM head fused in.
     fused_loss: bool = False
     #: Whether ``start_generation`` takes ``static``/``compile`` (a static KV cache, compiled steps).
     supports_compile: bool = False
@@ -94,10 +104,6 @@ class LanguageModel(Model):
         ``attention_mask`` (B, T) marks real tokens; ``options``: ``static``, ``compile`` (only
         when ``supports_compile``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement start_generation(...)")
-
-    def shard_units(self) -> list[nn.Module]:
-        """The submodules FSDP shards one by one (each layer) before the whole model."""
-        return []
 
     def tie_weights(self) -> None:
         """Re-tie shared weights (the LM head and the embedding) after a move or a load."""

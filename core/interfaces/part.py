@@ -36,4 +36,6 @@ class Part(nn.Module):
     residual_projections: ClassVar[tuple[str, ...]] = ()
     #: Names of parameters the optimizer must not decay whatever their shape (Mamba's A_log and D,
     #: as its reference implementation keeps them); the trainer decays weight matrices otherwise.
+    #: They are the part's own, not weights: an optimizer that treats hidden matrices apart (Muon)
+    #: leaves them, whatever their shape, to AdamW (``seqzoo.interfaces.TrainedParameters``).
     no_weight_decay: ClassVar[tuple[str, ...]] = ()

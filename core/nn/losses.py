@@ -9,12 +9,25 @@ backward only scales the gradients computed in the forward (the approach of Lige
 torchtune's chunked losses). On a CPU it is also faster than the unfused loss: two passes over the
 logits instead of log-softmax's forward and backward, and vocabulary-major products
 (docs/performance.md).
+
+Two terms of the training objective ride along, per labelled position with log-partition
+lse = log Σ_v exp(x_v) and target t:
+
+    loss = (1 − ε)·(lse − x_t) + ε·(lse − mean_v x_v) + λ·lse²
+
+label smoothing ε (Szegedy et al., 2016; the Transformer's 0.1: the target's share spread evenly
+over the vocabulary, as ``F.cross_entropy(label_smoothing=ε)``) and the z-loss λ (PaLM's 1e-4,
+Chowdhery et al., 2022), which keeps the logits' scale from drifting. Their gradient with respect
+to the logits is p·(1 + 2λ·lse) − (1 − ε)·one_hot(t) − ε/V: the factor (1 + 2λ·lse) joins the
+per-position scale, ε/V is one subtraction per chunk. ``cross_entropy`` is the same objective
+on logits a model has already made.
 """
 from __future__ import annotations
 
 import threading
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -60,9 +73,11 @@ def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, exact: torch.dtype,
 
 
 def _chunked(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, ignore_index: int,
-             rows: int, need: tuple[bool, bool, bool]) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+             rows: int, need: tuple[bool, bool, bool], smoothing: float = 0.0,
+             z_loss: float = 0.0) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Summed loss over rows (N, C) and, for the inputs ``need`` names (hidden, weight, bias), the
-    gradients of that sum — chunk by chunk.
+    gradients of that sum — chunk by chunk; ``smoothing`` (ε) and ``z_loss`` (λ) as in the
+    module docstring.
 
     Per chunk the logits are exponentiated in place (one pass) and summed per position (one
     more); the one-hot part of the gradient softmax − one_hot is subtracted at the targets, and
@@ -83,6 +98,10 @@ def _chunked(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tenso
         and not torch.is_autocast_enabled(hidden.device.type)
     vocab = weight.shape[0]
     buffer = _workspace(vocab * min(rows, hidden.shape[0]), hidden) if plain else None
+    terms = bool(smoothing or z_loss)
+    if smoothing:  # mean_v x_v = h · mean_v W_v (+ mean b): a product with one (C,) vector, not a pass over V
+        mean_row = weight.to(exact).mean(dim=0)
+        mean_bias = bias.to(exact).mean() if bias is not None else 0.0
     for start in range(0, hidden.shape[0], rows):
         h, t = hidden[start:start + rows], targets[start:start + rows]
         n = h.shape[0]
@@ -100,14 +119,28 @@ def _chunked(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tenso
             shift[cols] = redo.amax(dim=0)
             expo[:, cols] = (redo - shift[cols]).exp_()
             mass[cols] = expo[:, cols].sum(dim=0)
-        total += ((mass.log() + shift - picked) * real).sum()
+        if not terms:
+            total += ((mass.log() + shift - picked) * real).sum()
+        else:
+            lse = mass.log() + shift
+            row = lse - (1 - smoothing) * picked + z_loss * lse.square()
+            if smoothing:
+                row = row - smoothing * (h.to(exact) @ mean_row + mean_bias)
+            total += (row * real).sum()
         if not any(need):
             continue
         # d(loss)/d(logits) = expo / mass − one_hot(target), zero on ignored positions. The one-hot
         # part is subtracted from expo first (mass at each real target), so the cancellation
         # p − 1 of a confident prediction happens once, in float32, as in torch's own gradient.
-        expo.scatter_add_(0, safe[None], -(mass * real)[None])
-        scale = torch.where(real, mass.reciprocal(), 0.0)  # (n,)
+        if not terms:
+            expo.scatter_add_(0, safe[None], -(mass * real)[None])
+            scale = torch.where(real, mass.reciprocal(), 0.0)  # (n,)
+        else:  # expo·a/mass − (1 − ε)·one_hot − ε/V with a = 1 + 2λ·lse: both subtractions scaled by mass/a
+            a = 1 + 2 * z_loss * lse
+            expo.scatter_add_(0, safe[None], -((1 - smoothing) * mass / a * real)[None])
+            if smoothing:
+                expo.sub_((smoothing / vocab * mass / a)[None])
+            scale = torch.where(real, a / mass, 0.0)
         if plain:  # fold 1/mass into the small operands instead of a pass over (V, n)
             probs, hs = expo, h * scale[:, None]
         else:  # normalise before casting down: every entry in [-1, 1]
@@ -126,9 +159,9 @@ def _chunked(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tenso
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                ignore_index: int, rows: int) -> Tensor:
+                ignore_index: int, rows: int, smoothing: float, z_loss: float) -> Tensor:
         total, grad_hidden, grad_weight, grad_bias = _chunked(
-            hidden, weight, bias, targets, ignore_index, rows, tuple(ctx.needs_input_grad[:3]))
+            hidden, weight, bias, targets, ignore_index, rows, tuple(ctx.needs_input_grad[:3]), smoothing, z_loss)
         count = (targets != ignore_index).sum()
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias, count)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
@@ -144,14 +177,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
                 None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
                 None if grad_bias is None else (grad_bias * scale).to(bias_dtype),
-                None, None, None)
+                None, None, None, None, None)
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None,
-                         *, ignore_index: int = -100, chunk_rows: int | None = None) -> Tensor:
+                         *, ignore_index: int = -100, chunk_rows: int | None = None,
+                         label_smoothing: float = 0.0, z_loss: float = 0.0) -> Tensor:
     """Mean cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, never building the
     logits: equal to ``F.cross_entropy(F.linear(hidden, weight, bias), targets,
-    ignore_index=ignore_index)`` (softmax in float32), with the same gradients.
+    ignore_index=ignore_index)`` (softmax in float32), with the same gradients; with
+    ``label_smoothing`` ε and ``z_loss`` λ, equal to ``cross_entropy`` of those logits.
 
     hidden (..., C); weight (V, C); bias (V,) or None; targets (...) class ids, ``ignore_index``
     where a position carries no loss. ``chunk_rows``: rows per chunk (default: about
@@ -173,6 +208,20 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
     inputs = (hidden, weight) if bias is None else (hidden, weight, bias)
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
-        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, ignore_index, rows)
-    total = _chunked(hidden, weight, bias, targets, ignore_index, rows, (False, False, False))[0]
+        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, ignore_index, rows, label_smoothing, z_loss)
+    total = _chunked(hidden, weight, bias, targets, ignore_index, rows, (False, False, False), label_smoothing,
+                     z_loss)[0]
     return total / (targets != ignore_index).sum()
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+                  z_loss: float = 0.0) -> Tensor:
+    """The training objective on logits (..., V) against targets (...): the mean over labelled
+    positions of (1 − ε)·CE + ε·(lse − mean_v x_v) + λ·lse² (the module docstring), in float32.
+    With ε = λ = 0 exactly ``F.cross_entropy(logits.float(), targets)``."""
+    logits, targets = logits.flatten(0, -2).float(), targets.flatten()
+    loss = F.cross_entropy(logits, targets, ignore_index=ignore_index, label_smoothing=label_smoothing)
+    if z_loss:
+        real = targets != ignore_index
+        loss = loss + z_loss * (torch.logsumexp(logits, dim=-1).square() * real).sum() / real.sum()
+    return loss

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import own_doc, registry
-from . import cell, mixer, position, positionwise, rope_scaling, router, score
+from . import cell, mixer, optimizer, position, positionwise, rope_scaling, router, schedule, score
 from ._shared import (
     Skip,
     beam_search_equivalence,
@@ -60,6 +60,8 @@ KIT: dict[str, Callable[[str, dict], dict[str, Callable[[], None]]]] = {
     "cell": cell.checks,
     "mixer": mixer.checks,
     "router": router.checks,
+    "optimizer": optimizer.checks,
+    "schedule": schedule.checks,
 }
 CHECKED_KINDS = tuple(KIT)
 

@@ -1,6 +1,6 @@
 """What training needs to run on several processes and to stop and resume: the torchrun environment
 (``Distributed``), DDP or FSDP2 wrapping, gradient synchronisation across micro-batches, the
-optimizer, and the optimizer and model state gathered for a checkpoint."""
+parameters weight decay spares, and the optimizer and model state gathered for a checkpoint."""
 from __future__ import annotations
 
 import contextlib
@@ -69,19 +69,6 @@ def undecayed(model: nn.Module) -> set[int]:
             for name in module.no_weight_decay}
 
 
-def optimizer_for(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    exempt = undecayed(model)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    matrices = [p for p in trained if p.dim() >= 2 and id(p) not in exempt]
-    vectors = [p for p in trained if p.dim() < 2 or id(p) in exempt]
-    groups = [{"params": matrices, "weight_decay": config.weight_decay},
-              {"params": vectors, "weight_decay": 0.0}]
-    # The fused kernel (CPU and CUDA) is one pass over each parameter instead of foreach's several.
-    fused = all(p.dtype.is_floating_point and p.device.type in ("cpu", "cuda") for p in model.parameters())
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
-                             fused=fused or None, foreach=None if fused else True)
-
-
 def train_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
     """Optimizer tensors (by parameter name) and JSON-able optimizer settings, on the CPU."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -107,7 +94,10 @@ def load_train_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors
         if key.startswith("optim."):
             name, field = key[len("optim."):].rsplit(".", 1)
             state.setdefault(upgrade_name(name), {})[field] = value  # a run saved before the slot was renamed
-    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in settings["param_groups"]]
+    # The settings came through JSON: a tuple (AdamW's betas, Adafactor's eps, Muon's coefficients)
+    # is a tuple again where the fresh optimizer's group holds one.
+    groups = [{k: tuple(v) if isinstance(v, list) and isinstance(live.get(k), tuple) else v for k, v in g.items()}
+              for g, live in zip(settings["param_groups"], optimizer.param_groups)]
     for group in groups:
         group["params"] = [upgrade_name(name) if isinstance(name, str) else name for name in group["params"]]
     set_state_dict(model, optimizer, model_state_dict={}, optim_state_dict={"state": state, "param_groups": groups},

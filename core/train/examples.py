@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import TrainConfig
@@ -18,6 +17,7 @@ from ..errors import TrainingError
 from ..interfaces import IGNORE, LanguageModel, Task, Tokenizer
 from ..io.checkpoint import unwrap
 from ..nn.generation import generate
+from ..nn.losses import cross_entropy
 
 
 def example_rng(seed: int, step: int | str, rank: int = 0) -> random.Random:
@@ -123,11 +123,12 @@ class Examples(PairObjective):
             return model(batch["src"], tgt, src_mask=batch["src_mask"], **kwargs)
         return model(batch["ids"], **kwargs)
 
-    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], **terms: float) -> Tensor:
+        """The answer's next-token loss; ``terms``: ``label_smoothing``, ``z_loss`` (training only)."""
         if self.fused_loss:  # the model fuses its LM head with the loss (seqzoo.nn.losses)
-            return self.logits(model, batch, targets=batch["labels"])
+            return self.logits(model, batch, targets=batch["labels"], **terms)
         logits = self.logits(model, batch)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)
+        return cross_entropy(logits, batch["labels"], ignore_index=IGNORE, **terms)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, config: TrainConfig, device: torch.device) -> dict:

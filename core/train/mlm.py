@@ -20,6 +20,7 @@ from ..errors import InputError, TrainingError
 from ..interfaces import IGNORE, MaskedLanguageModel, Task, Tokenizer
 from ..io.checkpoint import unwrap
 from ..nn.fill_mask import MASK_TEXT, encode_masked, mask_token
+from ..nn.losses import cross_entropy
 from .examples import PairObjective, example_rng
 
 #: BERT's share of tokens that carry the loss, and how the chosen ones are shown to the model.
@@ -97,10 +98,11 @@ class MaskedExamples(PairObjective):
         """The tokens a batch trains on (for tokens/s): every real token is read, counted on the device."""
         return batch["mask"].sum()
 
-    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], **terms: float) -> Tensor:
+        """The masked-LM loss at the chosen positions; ``terms``: ``label_smoothing``, ``z_loss``."""
         chosen = batch["labels"] != IGNORE
         logits = model(batch["ids"], attention_mask=batch["mask"], head=True, select=chosen)  # (N, V)
-        return F.cross_entropy(logits.float(), batch["labels"][chosen])
+        return cross_entropy(logits, batch["labels"][chosen], **terms)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, config: TrainConfig, device: torch.device) -> dict:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..config import TrainConfig
 from ..errors import TrainingError
 from ..interfaces import IGNORE, LanguageModel, Tokenizer, TokenTask
+from ..nn.losses import cross_entropy
 from ..registry import registry
 
 #: The model inputs a token batch may carry besides ids and labels.
@@ -59,12 +60,13 @@ class TokenExamples:
         """The tokens a batch trains on (for tokens/s): those with a label, counted on the device."""
         return (batch["labels"] != IGNORE).sum()
 
-    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], **terms: float) -> Tensor:
+        """The next-token loss; ``terms``: ``label_smoothing``, ``z_loss`` (training only)."""
         extra = {k: batch[k] for k in EXTRA_INPUTS if k in batch}
         if self.fused_loss:  # the LM head fused with the loss: no (B, T, V) logits
-            return model(batch["ids"], targets=batch["labels"], **extra)
+            return model(batch["ids"], targets=batch["labels"], **extra, **terms)
         logits = model(batch["ids"], **extra)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)
+        return cross_entropy(logits, batch["labels"], ignore_index=IGNORE, **terms)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, config: TrainConfig, device: torch.device) -> dict:

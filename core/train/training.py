@@ -1,7 +1,8 @@
 """Training on a task: batches (``seqzoo.train.examples`` for text pairs,
-``seqzoo.train.token_batches`` for token tasks), gradient accumulation, AdamW with warm-up and
-decay, gradient clipping, held-out evaluation, a progress bar, metrics files (JSON lines,
-TensorBoard), checkpoints that resume exactly, and torchrun (DDP or FSDP2).
+``seqzoo.train.token_batches`` for token tasks), gradient accumulation, the recipe's optimizer and
+schedule (``seqzoo.train.optimization``), gradient clipping, held-out evaluation, a progress bar,
+metrics files (JSON lines, TensorBoard), checkpoints that resume exactly, and torchrun (DDP or
+FSDP2).
 
 A run's data is a pure function of its position: text-pair tasks draw step ``i``'s examples from
 a stream seeded with (seed, step, rank); token tasks read rows by their index in the run, and the
@@ -29,13 +30,23 @@ from torch import Tensor, nn
 
 from ..config import TrainConfig
 from ..errors import SeqzooError, TrainingError, TrainingInterrupted
-from ..interfaces import Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
+from ..interfaces import Schedule, Task, Tokenizer, TokenTask, auxiliary_losses, auxiliary_statistics
 from ..io.checkpoint import check_can_save, read_extras, save
 from ..registry import registry
-from .distributed import Distributed, gradient_sync, load_train_state, model_state, optimizer_for, train_state, wrap
+from .distributed import Distributed, gradient_sync, load_train_state, model_state, train_state, wrap
 from .lora import add_lora, choose_trainable, merge_lora, merged_state, save_adapter
 from .metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_mb
 from .objectives import examples_for
+from .optimization import (
+    check_same_optimizer,
+    loss_terms,
+    lr_factor,
+    optimizer_for,
+    peak_rates,
+    schedule_for,
+    set_learning_rate,
+    update_rule,
+)
 from .progress import progress
 from .token_batches import TokenExamples
 
@@ -64,18 +75,6 @@ class _StopRequests:
     def __exit__(self, *exc) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
-
-
-def lr_factor(step: int, config: TrainConfig) -> float:
-    """The learning rate at ``step`` (0-based) as a fraction of ``config.lr``."""
-    if step < config.warmup:
-        return (step + 1) / config.warmup
-    if config.schedule == "constant":
-        return 1.0
-    span = max(config.steps - config.warmup, 1)
-    progress = min((step - config.warmup) / span, 1.0)
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if config.schedule == "cosine" else 1 - progress
-    return config.min_lr_ratio + (1 - config.min_lr_ratio) * shape
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -121,8 +120,9 @@ def planned_steps(config: TrainConfig, examples, world: int = 1) -> int:
 class Run:
     """Everything one training run carries from step to step, in one place (nanoGPT keeps these
     as the globals of train.py): the model as trained (``model``, wrapped for DDP/FSDP), the model
-    itself (``base``), what the forward runs through (``runner``: compiled or not), the optimizer,
-    the data, the checkpoint path and where the run stands."""
+    itself (``base``), what the forward runs through (``runner``: compiled or not), the optimizer
+    with each param group's peak rate and the schedule that scales them, the data, the checkpoint
+    path and where the run stands."""
 
     config: TrainConfig
     model: nn.Module
@@ -134,6 +134,8 @@ class Run:
     dist: Distributed
     device: torch.device
     output: str | None
+    schedule: Schedule
+    peaks: list[float]
     at: Position = field(default_factory=Position)
     history: list[dict] = field(default_factory=list)
     #: The first optimizer step whose objective was not finite, and that objective, kept on the
@@ -178,12 +180,14 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
                                 "weights; start a new run with --init CKPT")
         add_lora(model, config.lora)
     choose_trainable(model, config)
+    rule = update_rule(config, dist_info.world)  # refused under FSDP2 before anything is sharded
     cost = _step_cost(model, examples, config, device)  # before wrapping: a sharded forward is collective
     wrapped = wrap(model, config, dist_info, device)
-    run = Run(config, wrapped, model, torch.compile(wrapped) if compile else wrapped,
-              optimizer_for(wrapped, config), examples, task, dist_info, device, output)
+    optimizer = optimizer_for(model, config, rule)  # FSDP2 shards the model in place; DDP shares its tensors
+    run = Run(config, wrapped, model, torch.compile(wrapped) if compile else wrapped, optimizer, examples, task,
+              dist_info, device, output, schedule_for(config), peak_rates(optimizer))
     if resume is not None:
-        run.at, run.history = _resume(resume, run.model, run.optimizer, task)
+        run.at, run.history = _resume(resume, run.model, run.optimizer, task, config)
     else:
         torch.manual_seed(config.seed + dist_info.rank)
     last = min(config.steps, until) if until is not None else config.steps
@@ -352,17 +356,20 @@ def _one_step(run: Run, step: int) -> tuple[Tensor, list[dict[str, Tensor]], dic
     loss, the micro-batches, the auxiliary losses' values), all still on the device (nanoGPT's
     micro-step loop: nothing here waits for the device). The objective is the loss plus
     Σ coefficient·auxiliary loss (a mixture of experts' balancing and z-losses); the loss reported
-    is the task's alone, comparable across models. The forward runs under autocast, the backward
-    outside it. Gradients are synchronised across ranks on the last micro-batch only."""
+    is the task's alone, comparable across models (with ``train.label_smoothing`` or ``z_loss``
+    it is the smoothed cross-entropy plus λ·log²Z: the model computes them in its loss). The
+    forward runs under autocast, the backward outside it. Gradients are synchronised across ranks
+    on the last micro-batch only."""
     config, model = run.config, run.model
     batches = run.examples.micro_batches(step, run.at.consumed, config, run.dist.rank, run.dist.world, run.device)
-    set_learning_rate(run.optimizer, config, step)
+    set_learning_rate(run.optimizer, run.peaks, lr_factor(step, config, run.schedule))
     run.optimizer.zero_grad(set_to_none=True)
     total, objective_total, signals = None, None, {}
+    terms = loss_terms(config)
     for micro, batch in enumerate(batches):
         with gradient_sync(model, micro == len(batches) - 1):
             with autocast_for(config, run.device):
-                loss = run.examples.loss(run.runner, batch)
+                loss = run.examples.loss(run.runner, batch, **terms)
                 extra, signals = auxiliary_losses(model)
                 objective = loss if extra is None else loss + extra
             # One micro-batch backpropagates the objective itself (bit for bit what it always did).
@@ -385,12 +392,6 @@ def _note_if_not_finite(run: Run, step: int, objective: Tensor) -> None:
     first = ~torch.isfinite(objective) & (run.bad_step < 0)
     run.bad_step = torch.where(first, torch.full_like(run.bad_step, step), run.bad_step)
     run.bad_value = torch.where(first, objective, run.bad_value)
-
-
-def set_learning_rate(optimizer: torch.optim.Optimizer, config: TrainConfig, step: int) -> None:
-    """The schedule, applied: every group's rate at ``step`` (the one place a schedule is read)."""
-    for group in optimizer.param_groups:
-        group["lr"] = config.lr * lr_factor(step, config)
 
 
 def _save_or_rescue(run: Run, weights_only: bool = False) -> None:
@@ -461,10 +462,12 @@ def check_resumable(path: str, metadata: dict[str, str]) -> None:
                             f"to resume; to train from its weights use --init {path} (or train.init)")
 
 
-def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task) -> tuple[Position, list[dict]]:
+def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task,
+            config: TrainConfig) -> tuple[Position, list[dict]]:
     metadata, tensors = read_extras(path)
     check_resumable(path, metadata)
     meta = json.loads(metadata["seqzoo.train"])
+    check_same_optimizer(path, meta.get("config", {}), config)
     data = meta.get("data", {})
     if isinstance(task, TokenTask) and data.get("identity") and data["identity"] != task.identity():
         raise TrainingError(f"--resume {path}: the run trained on other data (fingerprint "

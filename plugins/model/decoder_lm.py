@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.builder import Parts, check_layers, stack_section
@@ -18,7 +17,7 @@ from seqzoo.nn.cache import DecodeCache
 from seqzoo.nn.generation import CausalSession
 from seqzoo.nn.init import init_weights
 from seqzoo.nn.linear import Linear
-from seqzoo.nn.losses import linear_cross_entropy
+from seqzoo.nn.losses import cross_entropy, linear_cross_entropy
 from seqzoo.nn.shared import SharedBlockConfig
 from seqzoo.registry import builtin
 from seqzoo.schema import Depth, PositiveFloat, Probability, Size, Spec, Validator
@@ -98,14 +97,15 @@ class DecoderLM(LanguageModel):
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: DecodeCache | None = None,
                 logits_to_keep: int = 0, targets: Tensor | None = None,
-                documents: Tensor | None = None) -> Tensor:
+                documents: Tensor | None = None, label_smoothing: float = 0.0, z_loss: float = 0.0) -> Tensor:
         """input_ids (B, T) -> logits (B, T, V) (the last ``logits_to_keep`` positions if > 0).
 
         attention_mask (B, S): 1 for real tokens over all S = cached + T keys (left padding is
         fine: positions then count real tokens only). positions (B|1, T): explicit absolute
         positions. cache: a ``new_cache`` to read and extend. targets (B, T): the next token of
         every position, already shifted (nanoGPT's convention; -100 = no loss) — then the result
-        is the mean cross-entropy, computed with the LM head fused in (no (B, T, V) logits).
+        is the mean cross-entropy, computed with the LM head fused in (no (B, T, V) logits);
+        label_smoothing ε and z_loss λ make it the training objective of ``seqzoo.nn.losses``.
         documents (B, T): the packed document of each token (token-shard training); attention never
         crosses from one to another.
         """
@@ -120,7 +120,8 @@ class DecoderLM(LanguageModel):
             scaled = x if self.logits_multiplier == 1.0 else x * self.logits_multiplier
             bias = self.lm_head.bias if self.lm_head.bias is None or self.logits_multiplier == 1.0 \
                 else self.lm_head.bias * self.logits_multiplier
-            return linear_cross_entropy(scaled, self.lm_head.weight, targets, bias)
+            return linear_cross_entropy(scaled, self.lm_head.weight, targets, bias, label_smoothing=label_smoothing,
+                                        z_loss=z_loss)
         if logits_to_keep and targets is None:
             x = x[:, -logits_to_keep:]
         logits = self.lm_head(x)
@@ -128,7 +129,7 @@ class DecoderLM(LanguageModel):
             logits = logits * self.logits_multiplier
         logits = softcap(logits, self.final_softcap)  # (B, T, V); the loss sees capped logits
         if targets is not None:
-            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # -100: no loss
+            return cross_entropy(logits, targets, label_smoothing=label_smoothing, z_loss=z_loss)  # -100: no loss
         return logits
 
     def start_generation(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True,

@@ -83,7 +83,7 @@ class EncoderDecoder(LanguageModel):
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
                cache: DecodeCache | None = None, logits_to_keep: int = 0,
-               targets: Tensor | None = None) -> Tensor:
+               targets: Tensor | None = None, label_smoothing: float = 0.0, z_loss: float = 0.0) -> Tensor:
         """tgt_ids (B, T) against memory (B, S, C) -> logits (B, T, V), or with targets (B, T)
         the mean cross-entropy against them (see ``forward``)."""
         x = self.decoder(self._embed(tgt_ids), cache=cache, memory=memory, memory_mask=src_mask)
@@ -92,15 +92,18 @@ class EncoderDecoder(LanguageModel):
         if self.head_scale != 1.0:
             x = x * self.head_scale
         if targets is not None:
-            return linear_cross_entropy(x, self.lm_head.weight, targets, self.lm_head.bias)
+            return linear_cross_entropy(x, self.lm_head.weight, targets, self.lm_head.bias,
+                                        label_smoothing=label_smoothing, z_loss=z_loss)
         return self.lm_head(x)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None, *,
-                targets: Tensor | None = None) -> Tensor:
+                targets: Tensor | None = None, label_smoothing: float = 0.0, z_loss: float = 0.0) -> Tensor:
         """Teacher-forced logits: src_ids (B, S), tgt_ids (B, T) -> (B, T, V). targets (B, T):
         the token each decoder position must predict (-100 = no loss) — then the result is the
-        mean cross-entropy, with the LM head fused in (no (B, T, V) logits)."""
-        return self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, targets=targets)
+        mean cross-entropy, with the LM head fused in (no (B, T, V) logits); label_smoothing ε and
+        z_loss λ make it the training objective of ``seqzoo.nn.losses``."""
+        return self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask, targets=targets,
+                           label_smoothing=label_smoothing, z_loss=z_loss)
 
     def new_cache(self, batch: int, max_len: int) -> DecodeCache:
         weight = self.embed.weight

@@ -1,0 +1,82 @@
+"""`seqzoo compare --contenders FILE`: arms that differ in their training recipe (optimizer, rate,
+schedule) as well as their model, planned from a contender file; their overrides win over the
+command's; the refusals name the file, the entry and the key."""
+from __future__ import annotations
+
+import pytest
+
+from seqzoo.cli import main
+from seqzoo.lab.compare import CompareError, plan
+from seqzoo.lab.contenders import read_contenders, with_contenders
+
+SMALL = ["model.dim=32", "model.layers=2", "model.attention.heads=2", "train.batch_size=4", "train.task.seq_len=32",
+         "train.eval_examples=8", "train.lr=1.0e-3"]
+
+CONTENDERS = """
+contenders:
+  - {name: gpt-adamw, recipe: local.yaml}
+  - {name: gpt-muon, recipe: local.yaml, set: [train.optimizer=muon, train.lr=2.0e-3]}
+  - {recipe: tiny-llama, set: ["train.schedule={kind: wsd, decay: 0.5}", "train.optimizer={kind: sgd, momentum: 0.8}"]}
+"""
+
+
+@pytest.fixture
+def contenders(tmp_path):
+    folder = tmp_path / "cmp"
+    folder.mkdir()
+    (folder / "local.yaml").write_text("seqzoo: 1\nextends: tiny-gpt\nmodel: {layers: 3}\n")
+    path = folder / "contenders.yaml"
+    path.write_text(CONTENDERS)
+    return path
+
+
+def test_contenders_vary_the_training_recipe_per_arm(contenders, grammar_shards, tmp_path):
+    arms = with_contenders(["tiny-gpt"], [str(contenders)])
+    assert [arm.name for arm in arms] == ["tiny-gpt", "gpt-adamw", "gpt-muon", "tiny-llama"]
+    assert arms[1].recipe == str(contenders.parent / "local.yaml")  # relative to the file, as extends: is
+    comparison = plan(arms, tmp_path / "out", steps=4, data=grammar_shards, overrides=SMALL)
+    train = {run.arm: run.recipe["train"] for run in comparison.runs}
+    assert train["tiny-gpt"]["optimizer"]["kind"] == train["gpt-adamw"]["optimizer"]["kind"] == "adamw"
+    assert train["gpt-muon"]["optimizer"]["kind"] == "muon"
+    assert train["gpt-muon"]["lr"] == 2e-3 and train["gpt-adamw"]["lr"] == 1e-3  # the contender's own --set wins
+    assert train["tiny-llama"]["schedule"] == {"kind": "wsd", "decay": 0.5, "shape": "linear"}
+    assert train["tiny-llama"]["optimizer"]["momentum"] == 0.8
+    assert {run.recipe["model"]["layers"] for run in comparison.runs if run.arm.startswith("gpt-")} == {2}
+    assert list(comparison.settings["arms"][2]["overrides"]) == ["train.optimizer=muon", "train.lr=2.0e-3"]
+
+
+def test_contenders_still_share_the_data_and_the_budget(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("contenders:\n  - {name: a, recipe: tiny-gpt}\n  - {name: b, recipe: tiny-gpt, "
+                    "set: [train.batch_size=8]}\n")
+    with pytest.raises(CompareError, match=r"a and b differ in train.batch_size \(32 and 8\)"):
+        plan(read_contenders(path), tmp_path, steps=2)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("contenders: []", r"expected a mapping with a non-empty list under 'contenders:'"),
+    ("contenders:\n  - {recipe: tiny-gpt, sett: [train.lr=1]}", r"contenders\[0\]: unknown key 'sett'; did you "
+                                                                  r"mean 'set'\?"),
+    ("contenders:\n  - {name: a}", r"contenders\[0\].recipe: expected a recipe path or shipped name, got None"),
+    ("contenders:\n  - {recipe: tiny-gpt, set: train.lr=1}", r"contenders\[0\].set: expected a list of KEY.PATH=VALUE"),
+    ("contenders:\n  - tiny-gpt", r"contenders\[0\]: expected a mapping of name, recipe and set, got 'tiny-gpt'"),
+    ("contenders:\n  - {recipe: tiny-gpt, name: 3}", r"contenders\[0\].name: expected a name, got 3"),
+    ("contenders: [", r"not valid YAML"),
+])
+def test_a_contender_file_that_is_wrong_says_where(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(CompareError, match=rf"--contenders {path}: .*{message}" if "contenders[" not in message
+                       else rf"--contenders {path}: {message}"):
+        read_contenders(path)
+
+
+def test_two_arms_of_one_name_and_a_missing_file_are_refused(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("contenders:\n  - {recipe: tiny-gpt, set: [train.lr=1.0e-2]}\n")
+    with pytest.raises(CompareError, match=r"two contenders are named 'tiny-gpt'; give each its own name"):
+        with_contenders(["tiny-gpt"], [str(path)])
+    assert main(["compare", "--contenders", str(tmp_path / "none.yaml"), "--steps", "2"]) == 2
+    assert f"--contenders {tmp_path / 'none.yaml'}: cannot read it" in capsys.readouterr().err
+    assert main(["compare", "--steps", "2"]) == 2
+    assert "seqzoo compare: give the recipes to compare, or --contenders FILE" in capsys.readouterr().err
