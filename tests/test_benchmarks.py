@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+@pytest.mark.slow  # a minute or more of the suite's ten: the benchmark scripts' smoke runs
 def test_run_quick_prints_every_comparison(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--json", str(tmp_path / "b.json")],
                          capture_output=True, text=True, timeout=600)
@@ -54,6 +57,7 @@ def test_optimizer_benchmark_runs(tmp_path):
     assert "Muon's whole step / AdamW's" in out.stdout
 
 
+@pytest.mark.slow  # a minute or more of the suite's ten: the benchmark scripts' smoke runs
 def test_startup_benchmark_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "startup.py"), "--runs", "1", "--no-example"],
                          capture_output=True, text=True, timeout=300)
@@ -119,6 +123,7 @@ def test_gpu_benchmark_flop_count():
                                  "hidden": 3072}
 
 
+@pytest.mark.slow  # a minute or more of the suite's ten: the benchmark scripts' smoke runs
 def test_data_benchmark_quick_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "data.py"), "--quick", "--json", str(tmp_path / "d.json")],
                          capture_output=True, text=True, timeout=600)

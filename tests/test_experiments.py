@@ -15,7 +15,9 @@ from seqzoo.lab.experiments import EXPERIMENTS, ExperimentResult, _scores, gradi
 pytest.importorskip("matplotlib")
 
 
-@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+# copying's quick run takes about a minute; recall's runs the same study machinery in the default suite
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "copying" else n
+                                  for n in sorted(EXPERIMENTS)])
 def test_quick_mode_writes_table_json_and_png(tmp_path, capsys, name):
     threads = torch.get_num_threads()
     assert main(["experiment", name, "--quick", "-o", str(tmp_path)]) == 0
