@@ -142,3 +142,15 @@ def test_nanogpt_benchmark_quick_trains_both_alike(tmp_path, grammar_shards):
     assert [p["step"] for p in results["points"]] == [3, 6]
     assert results["worst_relative"] < 1e-4  # the same weights, rows and learning rates: the same losses
     assert results["seqzoo_tokens_per_s"] > 0 and results["nanogpt_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_mixer_benchmark_prints_its_table_and_the_delta_rules_loop(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "mixers.py"), "--only", "attention,gated_deltanet",
+                          "--length", "64", "--batch", "1", "--repeats", "1", "--memory-lengths", "64,128"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| attention") or
+            line.startswith("| gated_deltanet")]
+    assert len(rows) == 2, out.stdout
+    assert "gated delta rule, forward + backward, batch 1, T 64" in out.stdout
