@@ -1,8 +1,9 @@
 """``seqzoo experiment linear-time``: do state-space and linear-recurrent mixers cost time and memory
 linear in the sequence length, where self-attention's grow quadratically?
 
-Four decoders of the same shape and about the same parameter count differ only in their token
-mixer: softmax attention (RoPE, SDPA), Mamba, Mamba-2 and linear attention (elu + 1). Each layer
+Seven decoders of the same shape and about the same parameter count differ only in their token
+mixer: softmax attention (RoPE, SDPA), Mamba, Mamba-2, linear attention (elu + 1), and three of the
+hybrid era's: gated DeltaNet, LFM2's gated short convolution and Griffin's RG-LRU. Each layer
 has a SwiGLU FFN whose width is solved so every model has the attention model's parameter count.
 For each sequence length T, one training step's forward + backward (batch 1, the fused loss) is
 timed and its peak memory read; the models take turns at each T so a slow spell of the machine
@@ -29,6 +30,9 @@ MIXERS: dict[str, list[str]] = {
     "mamba": ["model.mixer={kind: mamba, state: 16, expand: 2}", "model.position=none"],
     "mamba2": ["model.mixer={kind: mamba2, state: 16, head_dim: 32, expand: 2}", "model.position=none"],
     "linear attention": ["model.mixer={kind: linear_attention, heads: 4, feature_map: elu}", "model.position=none"],
+    "gated deltanet": ["model.mixer={kind: gated_deltanet, heads: 4}", "model.position=none"],
+    "short conv": ["model.mixer={kind: short_conv, conv: 3}", "model.position=none"],
+    "rg-lru": ["model.mixer={kind: rg_lru, heads: 4}", "model.position=none"],
 }
 FULL = {"dim": 128, "layers": 2, "hidden": 344, "lengths": [256, 512, 1024, 2048, 4096, 8192, 16384],
         "contexts": [128, 4096], "long_from": 2048}
@@ -36,7 +40,7 @@ QUICK = {"dim": 32, "layers": 2, "hidden": 88, "lengths": [64, 128, 256], "conte
 
 
 def models(shape: dict) -> dict[str, torch.nn.Module]:
-    """The four models, each at the attention model's parameter count (its FFN width solved)."""
+    """The models, each at the attention model's parameter count (its FFN width solved)."""
     longest = max(shape["lengths"] + shape["contexts"]) + 64
 
     base = [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}", "model.attention.heads=4",
