@@ -1,7 +1,8 @@
 """What the converters of hybrid stacks share (not a family of its own; ``lfm2``, ``lfm2_moe``,
-``recurrent_gemma``): a per-layer list of kinds as layer types in the shortest repeating pattern,
-with the model's mixer in all but the attention layers, and those attention layers' tensors as
-checkpoints store them (separate q/k/v projections, seqzoo's fused ``qkv_proj``)."""
+``recurrent_gemma``, and the attention rules of ``bamba`` and ``granitemoehybrid``): a per-layer
+list of kinds as layer types in the shortest repeating pattern, with the model's mixer in all but
+the attention layers, and those attention layers' tensors as checkpoints store them (separate
+q/k/v projections, seqzoo's fused ``qkv_proj``)."""
 from __future__ import annotations
 
 from seqzoo.builder import LayerPlan

@@ -29,11 +29,9 @@ from seqzoo.io.hf import (
     Rule,
     ffn_activation,
     first_problem,
-    fused,
     glu_ffn,
     kind_of,
     layer_pattern,
-    linear,
     renamed,
     special_ids,
 )
@@ -41,6 +39,7 @@ from seqzoo.io.hf.config import HFConfig
 from seqzoo.io.hf.rope import partial_factor, rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
 
+from ._hybrid import attention_rules
 from ._mamba2 import MAMBA_PREFIXED as NAMES
 from ._mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
 
@@ -128,13 +127,8 @@ class BambaConverter(CausalLMConverter):
             if plan.mixer["kind"] == "mamba2":
                 rules += mixer_rules(b + "mixer.", h + "mamba.", plan.mixer)
             else:
-                attn = plan.attention
-                kv_heads, head_dim = attn.kv_heads or attn.heads, attn.head_dim or m["dim"] // attn.heads
-                sizes = (attn.heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
-                for part in ("weight", "bias") if attn.bias else ("weight",):
-                    sources = tuple(f"{h}self_attn.{x}_proj.{part}" for x in "qkv")
-                    rules.append(fused(f"{b}mixer.qkv_proj.{part}", sources, sizes))
-                rules += linear(b + "mixer.out_proj", h + "self_attn.o_proj", attn.bias)
+                rules += attention_rules(b, h + "self_attn.", plan.attention, m["dim"], out="o_proj",
+                                         out_bias=plan.attention.bias)
             rules += renamed(b, h, {f"ffn.{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")},
                              plan.ffn["bias"])
         return rules + self.ends(recipe, "model.final_layernorm", False)

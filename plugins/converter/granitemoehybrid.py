@@ -37,11 +37,9 @@ from seqzoo.io.hf import (
     copy,
     ffn_activation,
     first_problem,
-    fused,
     glu_ffn,
     kind_of,
     layer_pattern,
-    linear,
     renamed,
     special_ids,
     split,
@@ -50,6 +48,7 @@ from seqzoo.io.hf.config import HFConfig
 from seqzoo.io.hf.rope import rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
 
+from ._hybrid import attention_rules
 from ._mamba2 import MAMBA_PREFIXED as NAMES
 from ._mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
 
@@ -161,13 +160,8 @@ class GraniteMoeHybridConverter(CausalLMConverter):
             if plan.mixer["kind"] == "mamba2":
                 rules += mixer_rules(b + "mixer.", h + "mamba.", plan.mixer)
             else:
-                attn = plan.attention
-                kv_heads, head_dim = attn.kv_heads or attn.heads, attn.head_dim or m["dim"] // attn.heads
-                sizes = (attn.heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
-                for part in ("weight", "bias") if attn.bias else ("weight",):
-                    rules.append(fused(f"{b}mixer.qkv_proj.{part}",
-                                       tuple(f"{h}self_attn.{x}_proj.{part}" for x in "qkv"), sizes))
-                rules += linear(b + "mixer.out_proj", h + "self_attn.o_proj", attn.bias)
+                rules += attention_rules(b, h + "self_attn.", plan.attention, m["dim"], out="o_proj",
+                                         out_bias=plan.attention.bias)
             ffn, shared = plan.ffn, b + "ffn."
             if ffn["kind"] == "moe":
                 shared, moe = b + "ffn.shared.", h + "block_sparse_moe."
