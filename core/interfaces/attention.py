@@ -164,12 +164,14 @@ class PositionBias(PositionScheme):
     def prepare(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """q_pos (B|1, T), k_pos (B|1, S) -> (B|1, H, T, S), looked up in ``by_distance``."""
         q_pos, k_pos = torch.atleast_2d(q_pos), torch.atleast_2d(k_pos)
-        first, table = distance_table(self, q_pos, k_pos)
+        relative = k_pos[:, None, :] - q_pos[:, :, None]  # (B|1, T, S)
+        # every entry's own distance, not a table over the range: no Python number is read off the
+        # positions, so a compiled decode step keeps one graph
+        table = self.by_distance(relative.flatten())
         if table is None:
             raise NotImplementedError(f"{type(self).__name__} must implement by_distance(distances) "
                                       f"or prepare(q_pos, k_pos)")
-        index = k_pos[:, None, :] - q_pos[:, :, None] - first  # (B|1, T, S)
-        return table[:, index].transpose(0, 1)
+        return table.view(-1, *relative.shape).transpose(0, 1)
 
     def bias(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, prepared: object = None) -> Tensor:
         """q (B, H, T, D) -> (B|1, H, T, S) in q's dtype (``prepared``: ``prepare``'s table, or
