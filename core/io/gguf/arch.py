@@ -16,6 +16,8 @@ Three things say everything a family needs:
 ``export`` / ``config`` hooks hold what is not a plain key (layer patterns, RoPE scaling), with
 ``from_tensors`` for what only the file's tensor names tell (Jamba's sparse layers), and
 ``problem`` what llama.cpp hard-codes and a model may not match (a refusal, never a wrong file).
+A family llama.cpp splits in two architectures (Nemotron-H with experts is its ``nemotron_h_moe``)
+lists the other as a ``variant``.
 """
 from __future__ import annotations
 
@@ -96,9 +98,21 @@ class GGUFArch:
     from_tensors: Callable[[frozenset[str]], dict] | None = None
     drop: tuple[str, ...] = ()
     scaled_head: str | None = None
+    #: Other architectures the family is written as, each a GGUFArch of its own (read back by the
+    #: same converter), and ``variant(config)`` -> the name of the one a model is written as.
+    variants: tuple[GGUFArch, ...] = ()
+    variant: Callable[[Mapping], str] | None = None
 
     def key(self, name: str) -> str:
         return f"{self.name}.{name}"
+
+    def named(self, name: str) -> GGUFArch:
+        """This architecture, or its variant called ``name``."""
+        return next(a for a in (self, *self.variants) if a.name == name)
+
+    def written_as(self, config: Mapping) -> GGUFArch:
+        """The architecture a model of HF ``config`` is written as."""
+        return self.named(self.variant(config)) if self.variant else self
 
 
 # -- the value transforms -------------------------------------------------------------------------

@@ -44,8 +44,8 @@ def families() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for name in registry().names("converter"):
         arch = registry().get("converter", name).cls.gguf
-        if arch is not None:
-            out.setdefault(arch.name, []).append(name)
+        for each in (arch, *arch.variants) if arch is not None else ():
+            out.setdefault(each.name, []).append(name)
     return out
 
 
@@ -291,8 +291,8 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
                               f"(the installed gguf package cannot quantise K-quants)")
     model = unwrap(model)
     converter = _exporter(model, model_type)
-    arch: GGUFArch = converter.gguf
     config, tensors = converter.to_hf(model)
+    arch: GGUFArch = converter.gguf.written_as(config)
     where = f"export-gguf ({converter.model_type} as {arch.name})"
     problem = arch.problem(config) if arch.problem else None
     if problem:
@@ -381,13 +381,13 @@ def family_of(source: GGUFFile):
     found = []
     for model_type in archs[source.architecture]:
         converter = converter_for(model_type)
-        imports = converter.gguf.imports
+        imports = converter.gguf.named(source.architecture).imports
         if imports is True or (callable(imports) and imports(source.get)):
             found.append(converter)
     if len(found) != 1:
         raise CheckpointError(f"{where}: {len(found)} seqzoo families read a {source.architecture} file with this "
                               f"metadata ({', '.join(c.model_type for c in found) or 'none'})")
-    return found[0], found[0].gguf
+    return found[0], found[0].gguf.named(source.architecture)
 
 
 def hf_config(source: GGUFFile, converter, arch: GGUFArch) -> dict:
