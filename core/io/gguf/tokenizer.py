@@ -315,13 +315,19 @@ def read_sentencepiece(meta: dict) -> str:
     piece = Tokenizer(models.BPE(vocab, merges, unk_token=tokens[unknown] if unknown is not None else None,
                                  byte_fallback=True, fuse_unk=True))
     steps = [normalizers.Replace(" ", SPACE)]
-    if meta.get("tokenizer.ggml.add_space_prefix", True):
+    prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
+    if prefix:
         steps.insert(0, normalizers.Prepend(SPACE))
     piece.normalizer = normalizers.Sequence(steps)
+    # the ▁ put before the text is taken off again; a file without one (Gemma) keeps a leading space
     piece.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
-                                       decoders.Strip(" ", 1, 0)])
+                                       *([decoders.Strip(" ", 1, 0)] if prefix else [])])
     piece.add_special_tokens([AddedToken(t, special=True, normalized=False)
                               for t, kind in zip(tokens, types) if kind == CONTROL])
+    # user-defined tokens (Gemma's runs of spaces, newlines and tabs, HTML tags) are found in the
+    # raw text before the pieces merge, as llama.cpp and SentencePiece find them
+    piece.add_tokens([AddedToken(t, special=False, normalized=False)
+                      for t, kind in zip(tokens, types) if kind == USER_DEFINED])
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if meta.get("tokenizer.ggml.add_bos_token", True) and bos is not None:
         piece.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A",
