@@ -151,9 +151,21 @@ def transposed(hf: str, gguf_name: str, config: Mapping) -> Rule:
     return Rule(hf, (gguf_name,), lambda t: t.t().contiguous(), lambda t: (t.t().contiguous(),))
 
 
+def log_rate(a: Tensor) -> Tensor:
+    """A_log from llama.cpp's A = −exp(A_log): log(−A), moved by one float32 step where log's
+    rounding misses, so that exp(A_log) gives −A back exactly (an A_log whose neighbours share its
+    exp cannot be told apart, but the mixers read A_log through its exp only)."""
+    rate = -a
+    out = torch.log(rate)
+    for toward in (math.inf, -math.inf):
+        step = torch.nextafter(out, torch.full_like(out, toward))
+        out = torch.where((torch.exp(out) != rate) & (torch.exp(step) == rate), step, out)
+    return out
+
+
 def a_from_log(hf: str, gguf_name: str, config: Mapping) -> Rule:
     """Mamba's A_log: llama.cpp reads A = −exp(A_log) (``ssm_a``)."""
-    return Rule(hf, (gguf_name,), lambda a: torch.log(-a), lambda t: (-torch.exp(t),))
+    return Rule(hf, (gguf_name,), log_rate, lambda t: (-torch.exp(t),))
 
 
 def conv_squeezed(hf: str, gguf_name: str, config: Mapping) -> Rule:
@@ -164,7 +176,7 @@ def conv_squeezed(hf: str, gguf_name: str, config: Mapping) -> Rule:
 def per_head_column(hf: str, gguf_name: str, config: Mapping) -> Rule:
     """Mamba-2's A_log and D, one per head [H], are stored [H, 1] (A as −exp(A_log))."""
     if hf.endswith("A_log"):
-        return Rule(hf, (gguf_name,), lambda a: torch.log(-a.reshape(-1)), lambda t: (-torch.exp(t).unsqueeze(-1),))
+        return Rule(hf, (gguf_name,), lambda a: log_rate(a.reshape(-1)), lambda t: (-torch.exp(t).unsqueeze(-1),))
     return Rule(hf, (gguf_name,), lambda t: t.reshape(-1), lambda t: (t.unsqueeze(-1),))
 
 
