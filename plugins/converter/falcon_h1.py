@@ -50,6 +50,7 @@ from seqzoo.nn.attention import AttentionConfig
 from seqzoo.registry import builtin
 
 from ._gated_delta import attention_rules
+from ._hybrid_gguf import FALCON_H1
 from ._mamba2 import MAMBA_PREFIXED as NAMES
 from ._mamba2 import NO_LIMIT, mixer_config, mixer_rules, mixer_spec
 
@@ -85,6 +86,7 @@ class FalconH1Converter(CausalLMConverter):
     base_prefix = "model."
     embedding = "model.embed_tokens.weight"
     ignored = (r"rotary_emb\.\w*inv_freq$", r"mup_vector$")
+    gguf = FALCON_H1  # every μP multiplier folded into the weights, as llama.cpp's converter does
     defaults = {"vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu",
                 "initializer_range": 0.02, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,

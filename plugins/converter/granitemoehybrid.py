@@ -49,6 +49,7 @@ from seqzoo.io.hf.rope import rope_config, rope_problem, rope_spec
 from seqzoo.registry import builtin
 
 from ._hybrid import attention_rules
+from ._hybrid_gguf import GRANITE_HYBRID
 from ._mamba2 import MAMBA_PREFIXED as NAMES
 from ._mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
 
@@ -78,6 +79,7 @@ class GraniteMoeHybridConverter(CausalLMConverter):
     base_prefix = "model."
     embedding = "model.embed_tokens.weight"
     ignored = (r"rotary_emb\.\w*inv_freq$",)
+    gguf = GRANITE_HYBRID  # the multipliers as keys, Mamba-2 layers by their KV head count 0
     defaults = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                 "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None, "hidden_act": "silu",
                 "max_position_embeddings": 2048, "initializer_range": 0.02, "rms_norm_eps": 1e-6,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from seqzoo.registry import builtin
 
+from ._hybrid_gguf import LFM2
 from ._lfm2 import Lfm2Family
 
 
@@ -42,3 +43,5 @@ class Lfm2Converter(Lfm2Family):
     rope_theta + rope_scaling), conv_L_cache, conv_bias, tie_word_embeddings (tie_embedding);
     the other block_* and conv_* keys of the released configs change nothing transformers
     computes."""
+
+    gguf = LFM2  # conv layers are those with no KV heads

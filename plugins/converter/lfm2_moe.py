@@ -31,6 +31,7 @@ from seqzoo.io.hf import Rule, copy, first_problem, glu_ffn, kind_of
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
+from ._hybrid_gguf import LFM2MOE
 from ._lfm2 import DEFAULTS, KINDS, SWIGLU, Lfm2Family, swiglu
 from ._moe import expert_rules
 
@@ -52,6 +53,7 @@ class Lfm2MoeConverter(Lfm2Family):
     model_type = "lfm2_moe"
     architecture = "Lfm2MoeForCausalLM"
     named_only = False  # its experts fit no other family
+    gguf = LFM2MOE
     defaults: ClassVar[dict[str, Any]] = MOE_DEFAULTS
     legacy: ClassVar[dict[str, str]] = {"tie_embedding": "tie_word_embeddings"}
 

@@ -50,6 +50,7 @@ from seqzoo.io.hf import (
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
+from ._hybrid_gguf import NEMOTRON_H
 from ._mamba2 import NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
 
 #: NemotronHConfig's names of the Mamba-2 mixer's options, by seqzoo ``mamba2`` parameter.
@@ -84,6 +85,7 @@ class NemotronHConverter(CausalLMConverter):
     base_prefix = "backbone."
     embedding = "backbone.embeddings.weight"
     dropped = {r"^mtp\.": "multi-token prediction layers"}
+    gguf = NEMOTRON_H  # nemotron_h_moe where a layer has experts; layer kinds by per-layer KV heads and FFN widths
     defaults = {"vocab_size": 131072, "hidden_size": 4096, "layers_block_type": None, "tie_word_embeddings": False,
                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096,
                 "attention_dropout": 0.0, "intermediate_size": 21504, "mlp_hidden_act": "relu2", "mlp_bias": False,
