@@ -67,8 +67,9 @@ class TrainConfig:
     accumulation, each of ``batch_size`` rows). keep: how many of the last saves to keep as
     ``NAME.stepN.safetensors`` beside the checkpoint (1 = just the checkpoint). peak_flops: the
     device's peak FLOP/s for MFU (null = measured with large matrix products at start).
-    seed: data, initialisation and dropout seed (0). precision: auto (bfloat16 autocast on CUDA,
-    float32 on the CPU) | float32 | bfloat16. parallel: ddp | fsdp under torchrun (ddp).
+    seed: data, initialisation and dropout seed (0). precision: auto (bfloat16 autocast on CUDA, and
+    on a CPU where a probe finds bfloat16 matrix products ≥ 1.5× faster, e.g. AMX or AVX-512 BF16;
+    else float32) | float32 | bfloat16. parallel: ddp | fsdp under torchrun (ddp).
     init: a seqzoo checkpoint whose weights and tokenizer the run starts from (fine-tuning; the
     recipe's model must have the same tensors), or null for a fresh initialisation.
     freeze / trainable: glob patterns over parameter names (``decoder.blocks.0.*``, ``*norm*``):

@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="decode through a torch.compile'd static-cache step (decoder-only models; "
                         "pays a one-off compilation, worth it for long outputs)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="cast the weights to this type first (default: as stored)")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="int8 weight-only linear layers (torchao); half the bytes of bfloat16 per token")
 
     for module in EXTENSIONS:  # command groups that live beside the code they drive
         COMMANDS.update(importlib.import_module(module).register_cli(add))
@@ -263,9 +267,14 @@ def _cmd_generate(args) -> int:
 
     from ..io.checkpoint import load
     from ..nn.generation import generate
+    from ..nn.quantize import quantize, to_dtype
     from ..registry import tokenizer
 
     model = load(args.checkpoint, device=args.device)
+    if args.dtype:
+        to_dtype(model, args.dtype)
+    if args.quantize:
+        quantize(model, args.quantize)
     device = next(model.parameters()).device
     tok = tokenizer(model)
     if args.ids is not None:

@@ -191,7 +191,8 @@ def _cmd_train(args) -> int:
     if not dist_info.main:
         return 0
     metrics = {"history": result.history, "eval": result.eval, "example_prompt": result.example_prompt,
-               "steps": result.steps, "seconds": round(result.seconds, 2), "flops_per_token": result.flops_per_token}
+               "steps": result.steps, "seconds": round(result.seconds, 2), "flops_per_token": result.flops_per_token,
+               "precision": result.precision}
     if args.metrics:
         write_text_atomic(Path(args.metrics), json.dumps(metrics, indent=1))
     print(f"step {result.steps}: {held_out_summary(result.eval)} ({result.seconds:.1f} s)",

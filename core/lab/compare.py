@@ -302,7 +302,7 @@ def _finish(run: Run, wall: float) -> dict:
     speeds = [e["tokens_per_s"] for e in history[1:] or history]
     curve = history  # every logged step: loss, tokens, seconds, held-out results, expert load, ...
     result = {"arm": run.arm, "seed": run.seed, "parameters": run.parameters, "non_embedding": run.non_embedding,
-              "flops_per_token": metrics.get("flops_per_token"),
+              "flops_per_token": metrics.get("flops_per_token"), "precision": metrics.get("precision"),
               "tokens_per_s": statistics.median(speeds) if speeds else None,
               "peak_memory_mb": max((e.get("peak_memory_mb", 0.0) for e in history), default=None),
               "eval": metrics["eval"], "steps": metrics["steps"], "wall_seconds": round(earlier + wall, 1),
@@ -426,12 +426,14 @@ def _where(m: dict) -> str:
 
 
 def _measured_on(results: dict) -> str:
-    """The machine the runs trained on — each run records its own, since an interrupted comparison
-    may be finished on another; several machines are named with their runs, as their speeds differ."""
+    """The machine the runs trained on, and in which precision (``train.precision=auto`` picks
+    bfloat16 autocast on a CPU fast at it) — each run records its own, since an interrupted
+    comparison may be finished on another; several are named with their runs, as their speeds differ."""
     places: dict[str, list[str]] = {}
     for run in results["runs"]:
-        places.setdefault(_where(run.get("machine") or results["machine"]), []).append(
-            f"{run['arm']} seed {run['seed']}")
+        precision = (run.get("precision") or {}).get("precision")
+        where = _where(run.get("machine") or results["machine"]) + (f", {precision}" if precision else "")
+        places.setdefault(where, []).append(f"{run['arm']} seed {run['seed']}")
     if len(places) <= 1:
         return f"Measured on {next(iter(places), _where(results['machine']))}."
     listed = "; ".join(f"{where}: {', '.join(runs)}" for where, runs in places.items())

@@ -50,7 +50,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     rows when no gradient is being recorded and ``WEIGHT_STREAMING`` (a slice of a stacked weight
     too)."""
     if (WEIGHT_STREAMING and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and 0 < x.numel() <= FEW_ROWS * x.shape[-1]
+            and weight.dtype == torch.float32 and type(weight.data) is Tensor  # not a quantized subclass
+            and 0 < x.numel() <= FEW_ROWS * x.shape[-1]
             and not torch.is_grad_enabled()):
         return few_rows_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -47,6 +47,8 @@ from .optimization import (
     set_learning_rate,
     update_rule,
 )
+from .precision import Precision
+from .precision import resolve as resolve_precision
 from .progress import progress
 from .token_batches import TokenExamples
 
@@ -86,6 +88,8 @@ class RunResult:
     steps: int
     seconds: float
     flops_per_token: float | None = None
+    #: The precision the run computed in (``Precision.record``: name, why, the CPU probe's rates).
+    precision: dict | None = None
 
 
 @dataclass
@@ -136,6 +140,7 @@ class Run:
     output: str | None
     schedule: Schedule
     peaks: list[float]
+    precision: Precision
     at: Position = field(default_factory=Position)
     history: list[dict] = field(default_factory=list)
     #: The first optimizer step whose objective was not finite, and that objective, kept on the
@@ -181,11 +186,14 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
         add_lora(model, config.lora)
     choose_trainable(model, config)
     rule = update_rule(config, dist_info.world)  # refused under FSDP2 before anything is sharded
-    cost = _step_cost(model, examples, config, device)  # before wrapping: a sharded forward is collective
+    precision = resolve_precision(config.precision, device)
+    if not quiet and dist_info.main:
+        print(f"seqzoo: computing in {precision.describe()}", file=sys.stderr)
+    cost = _step_cost(model, examples, config, device, precision)  # before wrapping: a sharded forward is collective
     wrapped = wrap(model, config, dist_info, device)
     optimizer = optimizer_for(model, config, rule)  # FSDP2 shards the model in place; DDP shares its tensors
     run = Run(config, wrapped, model, torch.compile(wrapped) if compile else wrapped, optimizer, examples, task,
-              dist_info, device, output, schedule_for(config), peak_rates(optimizer))
+              dist_info, device, output, schedule_for(config), peak_rates(optimizer), precision)
     if resume is not None:
         run.at, run.history = _resume(resume, run.model, run.optimizer, task, config)
     else:
@@ -213,7 +221,7 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
             save_adapter(model, config.lora.adapter, config.lora)
         merge_lora(model)  # the trained model, plain again
     return RunResult(run.history, result_eval, examples.example_prompt(config), last, time.perf_counter() - began,
-                     cost["flops_per_token"])
+                     cost["flops_per_token"], precision.record())
 
 
 def _loop(run: Run, last: int, report: _Report, stop: _StopRequests, on_log: Callable[[int], None] | None) -> None:
@@ -266,7 +274,7 @@ def _held_out(examples, model: nn.Module, config: TrainConfig, device: torch.dev
     return {k: v for k, v in examples.evaluate(model, config, device).items() if k != "samples"}
 
 
-def _step_cost(model: nn.Module, examples, config: TrainConfig, device: torch.device) -> dict:
+def _step_cost(model: nn.Module, examples, config: TrainConfig, device: torch.device, precision: Precision) -> dict:
     """FLOPs per trained token (counted on one row of the first batch, in eval mode and with the
     random state put back, so training is exactly what it would be without it) and the peak
     FLOP/s MFU is measured against."""
@@ -280,7 +288,7 @@ def _step_cost(model: nn.Module, examples, config: TrainConfig, device: torch.de
         model.train(was_training)
         torch.set_rng_state(rng)
     dtype = next(model.parameters()).dtype
-    peak = config.peak_flops or peak_flops(device, torch.bfloat16 if _uses_bf16(config, device) else dtype)
+    peak = config.peak_flops or peak_flops(device, torch.bfloat16 if precision.autocast else dtype)
     return {"flops_per_token": flops, "peak_flops": peak}
 
 
@@ -368,7 +376,7 @@ def _one_step(run: Run, step: int) -> tuple[Tensor, list[dict[str, Tensor]], dic
     terms = loss_terms(config)
     for micro, batch in enumerate(batches):
         with gradient_sync(model, micro == len(batches) - 1):
-            with autocast_for(config, run.device):
+            with autocast_for(run.precision, run.device):
                 loss = run.examples.loss(run.runner, batch, **terms)
                 extra, signals = auxiliary_losses(model)
                 objective = loss if extra is None else loss + extra
@@ -486,14 +494,9 @@ def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task:
     return Position(step, consumed, int(last.get("tokens", 0)), float(last.get("seconds", 0.0))), history
 
 
-def _uses_bf16(config: TrainConfig, device: torch.device) -> bool:
-    """Whether the run computes under bfloat16 autocast: asked for, or ``auto`` on CUDA (the one
-    place precision is decided; the trainer and the MFU peak both read it)."""
-    return config.precision == "bfloat16" or (config.precision == "auto" and device.type == "cuda")
-
-
-def autocast_for(config: TrainConfig, device: torch.device):
-    """The forward's autocast context: bfloat16 where ``_uses_bf16`` says so, else none."""
-    if _uses_bf16(config, device):
+def autocast_for(precision: Precision, device: torch.device):
+    """The forward's autocast context: bfloat16 where the run's precision says so (asked for, or
+    ``auto`` on CUDA or on a CPU whose probe finds it faster: ``seqzoo.train.precision``), else none."""
+    if precision.autocast:
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return torch.autocast(device.type, enabled=False)

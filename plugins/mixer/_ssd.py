@@ -28,28 +28,29 @@ def ssd_scan(x: Tensor, dt: Tensor, a: Tensor, B: Tensor, C: Tensor, h: Tensor |
     groups, size = B.shape[2], B.shape[3]
     dtype = torch.promote_types(x.dtype, torch.float32)
     x, dt, a, B, C = (t.to(dtype) for t in (x, dt, a, B, C))
-    # Heads as (group, head in group): B and C are shared within a group, never copied per head.
-    x = x.unflatten(2, (groups, -1))                                   # (B, T, G, R, P)
-    log_decay = (dt * a).unflatten(2, (groups, -1))                    # Δ_t a, (B, T, G, R)
-    inputs = x * dt.unflatten(2, (groups, -1))[..., None]              # Δ_s x_s
-    h = (x.new_zeros(batch, heads, width, size) if h is None else h.to(dtype)).unflatten(1, (groups, -1))
-    outputs = []
-    # One split, not a slice per chunk: the backward of x[:, a:b] writes a zero gradient of the
-    # whole length T for every chunk (T²/L work), a split's backward concatenates once.
-    pieces = zip(*(t.split(chunk, dim=1) for t in (log_decay, B, C, inputs)))
-    for log_decay_c, Bc, Cc, xc in pieces:
-        S = log_decay_c.cumsum(1)                                      # (B, L, G, R)
-        L = S.shape[1]
-        # exp(S_t − S_s) for s ≤ t, 0 above the diagonal (masked before exp: S_t − S_s > 0 there).
-        gaps = (S[:, :, None] - S[:, None]).permute(0, 3, 4, 1, 2)    # (B, G, R, L_t, L_s)
-        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-        decay = gaps.masked_fill(~causal, float("-inf")).exp()
-        scores = torch.einsum("btgn,bsgn->bgts", Cc, Bc)[:, :, None] * decay   # (B, G, R, L, L)
-        diagonal = torch.einsum("bgrts,bsgrp->btgrp", scores, xc)
-        carry = torch.einsum("btgn,bgrpn->btgrp", Cc, h) * S.exp()[..., None]
-        outputs.append(diagonal + carry)
-        to_end = (S[:, -1:] - S).exp()                                 # exp(S_L − S_s), (B, L, G, R)
-        h = S[:, -1].exp()[..., None, None] * h + torch.einsum("bsgn,bsgr,bsgrp->bgrpn", Bc, to_end, xc)
+    with torch.autocast(x.device.type, enabled=False):  # the products stay in float32 under autocast too
+        # Heads as (group, head in group): B and C are shared within a group, never copied per head.
+        x = x.unflatten(2, (groups, -1))                                   # (B, T, G, R, P)
+        log_decay = (dt * a).unflatten(2, (groups, -1))                    # Δ_t a, (B, T, G, R)
+        inputs = x * dt.unflatten(2, (groups, -1))[..., None]              # Δ_s x_s
+        h = (x.new_zeros(batch, heads, width, size) if h is None else h.to(dtype)).unflatten(1, (groups, -1))
+        outputs = []
+        # One split, not a slice per chunk: the backward of x[:, a:b] writes a zero gradient of the
+        # whole length T for every chunk (T²/L work), a split's backward concatenates once.
+        pieces = zip(*(t.split(chunk, dim=1) for t in (log_decay, B, C, inputs)))
+        for log_decay_c, Bc, Cc, xc in pieces:
+            S = log_decay_c.cumsum(1)                                      # (B, L, G, R)
+            L = S.shape[1]
+            # exp(S_t − S_s) for s ≤ t, 0 above the diagonal (masked before exp: S_t − S_s > 0 there).
+            gaps = (S[:, :, None] - S[:, None]).permute(0, 3, 4, 1, 2)    # (B, G, R, L_t, L_s)
+            causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+            decay = gaps.masked_fill(~causal, float("-inf")).exp()
+            scores = torch.einsum("btgn,bsgn->bgts", Cc, Bc)[:, :, None] * decay   # (B, G, R, L, L)
+            diagonal = torch.einsum("bgrts,bsgrp->btgrp", scores, xc)
+            carry = torch.einsum("btgn,bgrpn->btgrp", Cc, h) * S.exp()[..., None]
+            outputs.append(diagonal + carry)
+            to_end = (S[:, -1:] - S).exp()                                 # exp(S_L − S_s), (B, L, G, R)
+            h = S[:, -1].exp()[..., None, None] * h + torch.einsum("bsgn,bsgr,bsgrp->bgrpn", Bc, to_end, xc)
     y = torch.cat(outputs, 1).flatten(2, 3)                            # (B, T, H, P)
     return y, h.flatten(1, 2)
 
