@@ -34,7 +34,8 @@ from .reader import GGUFFile, gguf_package
 #: every vector, these matrices are read as float32 by its kernels.
 KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "token_types.weight",
             "ssm_conv1d.weight", "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight",
-            "ssm_a", "ssm_d", "ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight")
+            "ssm_a", "ssm_d", "ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight",
+            "shortconv.conv.weight")
 OUTPUT, EMBEDDING, ROPE_FREQS = "output.weight", "token_embd.weight", "rope_freqs.weight"
 LONG, SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 
