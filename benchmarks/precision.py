@@ -7,7 +7,7 @@
 
 The model is examples/compare/llama.yaml's block (RoPE, RMSNorm, GQA, SwiGLU) at the issue's size:
 C 768, 12 heads (4 key/value), SwiGLU 2048, 4 layers, the bytes vocabulary. One copy of it trains
-under each precision as the trainer runs it (``seqzoo.train.training.autocast_for``): the forward
+under each precision as the trainer runs it (``seqzoo.train.precision.autocast_for``): the forward
 and the fused loss under the autocast context, the backward outside it, gradient clipping, fused
 AdamW, float32 master weights in both. The two alternate within each round, in an order that flips
 every round, so a slow moment of the machine falls on both; the table gives medians after warm-up.
@@ -29,8 +29,7 @@ import seqzoo
 from seqzoo.config import TrainConfig
 from seqzoo.train.machine import device_name
 from seqzoo.train.optimization import optimizer_for
-from seqzoo.train.precision import cpu_flags, probe, resolve
-from seqzoo.train.training import autocast_for
+from seqzoo.train.precision import autocast_for, cpu_flags, probe, resolve
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "compare" / "llama.yaml"
 SIZE = ["model.dim=768", "model.attention.heads=12", "model.attention.kv_heads=4", "model.ffn.hidden=2048",

@@ -13,8 +13,8 @@ import torch
 import seqzoo
 from seqzoo.config import TrainConfig
 from seqzoo.train import precision as precision_module
-from seqzoo.train.precision import FASTER, resolve
-from seqzoo.train.training import autocast_for, train
+from seqzoo.train.precision import FASTER, autocast_for, resolve
+from seqzoo.train.training import train
 
 CPU = torch.device("cpu")
 

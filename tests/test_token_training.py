@@ -26,8 +26,9 @@ def shards(grammar_shards) -> str:
 
 
 def config(path: str, **overrides) -> TrainConfig:
+    # float32 whatever the CPU (auto may pick bfloat16 autocast): these tests compare runs exactly
     base = {"task": {"kind": "tokens", "path": path, "seq_len": 32}, "steps": 12, "batch_size": 4, "lr": 3e-3,
-            "warmup": 2, "eval_examples": 8, "log_every": 1}
+            "warmup": 2, "eval_examples": 8, "log_every": 1, "precision": "float32"}
     return TrainConfig(**{**base, **overrides})
 
 
@@ -69,6 +70,7 @@ def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Ten
     from seqzoo.train.distributed import Distributed
     from seqzoo.train.objectives import examples_for
     from seqzoo.train.optimization import peak_rates, schedule_for
+    from seqzoo.train.precision import resolve
     from seqzoo.train.training import Position, Run, _one_step
 
     model = fresh()
@@ -77,7 +79,8 @@ def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Ten
     examples = examples_for(model, seqzoo.tokenizer(model), task, seed=cfg.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     run = Run(cfg, model, model, model, optimizer, examples, task, Distributed(), torch.device("cpu"), None,
-              schedule_for(cfg), peak_rates(optimizer), at=Position(consumed=16))
+              schedule_for(cfg), peak_rates(optimizer), resolve(cfg.precision, torch.device("cpu")),
+              at=Position(consumed=16))
     loss, _, _ = _one_step(run, 0)
     return float(loss), {name: p.grad.clone() for name, p in model.named_parameters()}
 
@@ -174,7 +177,7 @@ def test_two_ddp_processes_read_disjoint_rows_that_make_up_the_single_process_ba
     """Rank r reads rows c + r·b ... of each step, so 2 ranks of batch 4 train exactly as one
     process of batch 8: the same rows, gradients averaged — only if no row is read twice."""
     recipe = ["--set", f"train={{task: {{kind: tokens, path: {shards}, seq_len: 32}}, steps: 4, lr: 3.0e-3, "
-                       f"warmup: 1, eval_examples: 8, log_every: 1, batch_size: 4}}"]
+                       f"warmup: 1, eval_examples: 8, log_every: 1, batch_size: 4, precision: float32}}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "seqzoo",
                           "train", "tiny-gpt", "--quiet", "-o", str(tmp_path / "ddp.safetensors"), *recipe],

@@ -149,7 +149,8 @@ def test_torchrun_two_cpu_processes_ddp_and_fsdp_agree(tmp_path):
         run = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "seqzoo",
              "train", "tiny-gpt", "--quiet", "-o", str(out), "--set", "train.steps=6",
-             "--set", "train.eval_examples=8", "--set", f"train.parallel={parallel}"],
+             "--set", "train.eval_examples=8", "--set", f"train.parallel={parallel}",
+             "--set", "train.precision=float32"],
             capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
         assert run.returncode == 0, run.stderr[-2000:]
         outputs[parallel] = seqzoo.load(out)

@@ -4,7 +4,8 @@ layer (torchao's weight-only int8: ``pip install torchao``), the LM head include
 
 Token-by-token decoding at batch 1 is bound by reading the weights: half the bytes (bfloat16) or a
 quarter (int8) is the whole gain there. A tied LM head gets a copy of its own first: the embedding
-table stays as it is (a lookup reads one row), the head's product reads the quantized copy.
+table stays as it is (a lookup reads one row), the head's product reads the quantized copy (a
+later ``tie_weights()`` would share the float table again: slower, not wrong).
 Activations, the KV cache's type and the loss are untouched by ``quantize``; under ``to_dtype`` the
 model computes in that type, its recurrent states in float32 (the mixers keep them so).
 """
@@ -42,8 +43,6 @@ def untie_heads(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, nn.Linear) and owners[id(module.weight)] > 1:
             module.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=False)
-        if getattr(module, "tie_embeddings", False) and hasattr(module, "tie_weights"):
-            module.tie_embeddings = False  # its tie_weights() must not undo the copy
 
 
 def to_dtype(model: nn.Module, dtype: str) -> nn.Module:

@@ -66,6 +66,14 @@ def resolve(asked: str, device: torch.device) -> Precision:
     return probe(device)
 
 
+def autocast_for(precision: Precision, device: torch.device):
+    """The forward's autocast context: bfloat16 where ``precision`` says so, else none (the
+    backward runs outside it)."""
+    if precision.autocast:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
 def probe(device: torch.device) -> Precision:
     """``auto``'s choice on the CPU, by the two measured rates (cached after the first run)."""
     rates = {name: cached(measurement_key(f"probe FLOP/s {PROBE_SIZE}", device, dtype),

@@ -47,7 +47,7 @@ from .optimization import (
     set_learning_rate,
     update_rule,
 )
-from .precision import Precision
+from .precision import Precision, autocast_for
 from .precision import resolve as resolve_precision
 from .progress import progress
 from .token_batches import TokenExamples
@@ -492,11 +492,3 @@ def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task:
     # Checkpoints written before the position was kept read their rows at the old batch size.
     consumed = int(data.get("consumed", step * config.get("batch_size", 0) * config.get("accumulate", 1)))
     return Position(step, consumed, int(last.get("tokens", 0)), float(last.get("seconds", 0.0))), history
-
-
-def autocast_for(precision: Precision, device: torch.device):
-    """The forward's autocast context: bfloat16 where the run's precision says so (asked for, or
-    ``auto`` on CUDA or on a CPU whose probe finds it faster: ``seqzoo.train.precision``), else none."""
-    if precision.autocast:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return torch.autocast(device.type, enabled=False)
