@@ -185,6 +185,10 @@ def test_files_carry_the_per_layer_metadata_llama_cpp_reads(tmp_path):
     assert GGUFFile(path).shape("blk.0.shortconv.conv.weight") == (64, 3)
     assert {"blk.1.exp_probs_b.bias", "blk.1.ffn_gate_exps.weight", "token_embd_norm.weight"} <= set(
         GGUFFile(path).tensors)
+    half = GGUFFile(to_gguf(make("lfm2"), tmp_path / "h.gguf", dtype="F16")).tensors
+    # llama.cpp's conv reads float32 kernels only (an F16 one aborts it), as its converter keeps them
+    assert half["blk.0.shortconv.conv.weight"].tensor_type.name == "F32"
+    assert half["blk.0.shortconv.in_proj.weight"].tensor_type.name == "F16"
 
 
 def refused(model_type: str, config: dict, **changes):

@@ -1,7 +1,7 @@
-"""The GGUF forms of the Mamba-2 and short-conv hybrids (not a family of their own): Falcon-H1 as
-llama.cpp's ``falcon-h1``, Granite 4.0-H as ``granitehybrid``, Nemotron-H as ``nemotron_h`` (with
-experts: ``nemotron_h_moe``), LFM2 as ``lfm2`` and LFM2-MoE as ``lfm2moe``, each with the tensors and
-metadata llama.cpp's own converter writes from the same config.json.
+"""The GGUF forms of the Mamba-2 hybrids (not a family of their own): Falcon-H1 as llama.cpp's
+``falcon-h1``, Granite 4.0-H as ``granitehybrid``, Nemotron-H as ``nemotron_h`` (with experts:
+``nemotron_h_moe``), each with the tensors and metadata llama.cpp's own converter writes from the
+same config.json (LFM2's, which shares ``kv_heads``, is in ``_lfm2``).
 
 - Mamba-2 layers are stored as llama.cpp's ``mamba2`` stores them (``mamba2``'s own transforms):
   A = −exp(A_log) and D as columns [H, 1], ``dt_bias`` as ``ssm_dt.bias``, the conv [C, 1, K] as
@@ -12,18 +12,17 @@ metadata llama.cpp's own converter writes from the same config.json.
 - Falcon-H1: llama.cpp's graph multiplies by nothing, so its converter folds every μP multiplier
   into the weights, and so does this one (in float64, rounded once): the embedding and the head,
   q / k / v by ``attention_in_multiplier`` (k by ``key_multiplier`` too), o by
-  ``attention_out_multiplier``, the Mamba-2 in-projection's rows by ``ssm_in_multiplier`` and the
-  five ``ssm_multipliers``, out_proj by ``ssm_out_multiplier``, gate and down by ``mlp_multipliers``.
-  A tied head whose multiplier differs from the embedding's is written out as its own. The file
-  reads back as that folded model, all multipliers 1: the same function, not the same tensors.
+  ``attention_out_multiplier``, the Mamba-2 in_proj by ``ssm_in_multiplier``, out_proj by
+  ``ssm_out_multiplier`` (``ssm_multipliers`` and ``mlp_multipliers`` are in seqzoo's weights
+  already: its import folds them, its export writes them 1). A tied head whose multiplier differs
+  from the embedding's is written out as its own. The file reads back as that folded model, all
+  multipliers 1: the same function, not the same tensors.
 - Granite 4.0-H: the multipliers are keys (``embedding_scale``, ``residual_scale``,
   ``attention.scale``, ``logit_scale``); ``rope.scaling.finetuned`` says whether attention rotates
   (false: NoPE). q and k rows are in llama.cpp's rotary-pair order (its granite RoPE rotates pairs).
 - Nemotron-H: relu² MLP layers (``nemotron_h``) or relu² experts behind DeepSeek-V3's sigmoid router
   (``nemotron_h_moe``); llama.cpp's graph has one of the two in a model, not both. q and k rows are
   permuted as llama.cpp's converter permutes them (NoPE: the scores do not change).
-- LFM2: the short conv's kernel [C, 1, L] as [C, L]; LFM2-MoE's experts stacked, its expert bias as
-  ``exp_probs_b.bias``, the sigmoid gating written as llama.cpp's converter writes it.
 
 ``context_length`` is the config's ``max_position_embeddings`` (llama.cpp's converter writes 2^20 for
 the NoPE hybrids; the value only bounds llama.cpp's default context).
@@ -35,10 +34,9 @@ import re
 from collections.abc import Callable, Mapping
 
 import torch
-from torch import Tensor
 
 from seqzoo.io.gguf import LLAMA_KEYS, GGUFArch, Key, Transform
-from seqzoo.io.gguf.arch import NORM_ROPE, conv_squeezed, gate_up_experts, grouped_norm, heads_fill_width
+from seqzoo.io.gguf.arch import NORM_ROPE, gate_up_experts, grouped_norm
 from seqzoo.io.hf import Rule
 
 from .mamba2 import Mamba2Converter
@@ -85,34 +83,17 @@ def kv_heads(config: Mapping, attends: list[bool]) -> list[int]:
 
 
 # -- Falcon-H1 ----------------------------------------------------------------------------------------
-def folded(factor: Callable[[Mapping], float | Tensor]) -> Callable[[str, str, Mapping], Rule]:
-    """A tensor llama.cpp's graph needs multiplied by ``factor(config)`` (a number, or one per row),
-    folded in float64 and rounded once; the import divides by the file's own factors (1)."""
+def folded(factor: Callable[[Mapping], float]) -> Callable[[str, str, Mapping], Rule]:
+    """A tensor llama.cpp's graph needs multiplied by ``factor(config)``, folded in float64 and
+    rounded once; the import divides by the file's own factor (1)."""
     def rule(hf: str, gguf_name: str, config: Mapping) -> Rule:
         f = factor(config)
-
-        def by(t: Tensor) -> Tensor | float:
-            return f.view(-1, *[1] * (t.dim() - 1)) if isinstance(f, Tensor) else f
-        return Rule(hf, (gguf_name,), lambda t: (t.double() / by(t)).to(t.dtype),
-                    lambda t: ((t.double() * by(t)).to(t.dtype),))
+        return Rule(hf, (gguf_name,), lambda t: (t.double() / f).to(t.dtype), lambda t: ((t.double() * f).to(t.dtype),))
     return rule
 
 
 def times(*keys: str) -> Callable[[Mapping], float]:
     return lambda c: math.prod(float(c.get(k, 1.0)) for k in keys)
-
-
-def listed(key: str, index: int, length: int) -> Callable[[Mapping], float]:
-    return lambda c: float((c.get(key) or [1.0] * length)[index])
-
-
-def mup_rows(c: Mapping) -> Tensor:
-    """in_proj's rows [z (E) | x (E) | B (G·N) | C (G·N) | Δ (H)] times ssm_multipliers, all times
-    ssm_in_multiplier."""
-    inner, width = c["mamba_d_ssm"], c["mamba_n_groups"] * c["mamba_d_state"]
-    sizes = torch.tensor([inner, inner, width, width, c["mamba_n_heads"]])
-    factors = torch.tensor(c.get("ssm_multipliers") or [1.0] * 5, dtype=torch.float64)
-    return factors.repeat_interleave(sizes) * float(c.get("ssm_in_multiplier", 1.0))
 
 
 def falcon_embedding(hf: str, gguf_name: str, config: Mapping) -> Rule:
@@ -143,10 +124,8 @@ FALCON_H1 = GGUFArch(
                 Transform(r"self_attn\.[qv]_proj\.weight$", folded(times("attention_in_multiplier"))),
                 Transform(r"self_attn\.k_proj\.weight$", folded(times("attention_in_multiplier", "key_multiplier"))),
                 Transform(r"self_attn\.o_proj\.weight$", folded(times("attention_out_multiplier"))),
-                Transform(r"mamba\.in_proj\.weight$", folded(mup_rows)),
+                Transform(r"mamba\.in_proj\.weight$", folded(times("ssm_in_multiplier"))),
                 Transform(r"mamba\.out_proj\.weight$", folded(times("ssm_out_multiplier"))),
-                Transform(r"gate_proj\.(weight|bias)$", folded(listed("mlp_multipliers", 0, 2))),
-                Transform(r"down_proj\.(weight|bias)$", folded(listed("mlp_multipliers", 1, 2))),
                 *mamba2_transforms("mamba_n_groups")),
     renames=MAMBA2_RENAMES, problem=falcon_problem,
     # every multiplier is in the weights: the import leaves them at their default, 1
@@ -286,48 +265,3 @@ def nemotron_arch(name: str, keys: tuple[Key, ...], moe: bool, **more) -> GGUFAr
 NEMOTRON_H = nemotron_arch("nemotron_h", NEMOTRON_KEYS, False,
                            variants=(nemotron_arch("nemotron_h_moe", NEMOTRON_MOE_KEYS, True),),
                            variant=lambda c: "nemotron_h_moe" if "moe" in nemotron_kinds(c) else "nemotron_h")
-
-
-# -- LFM2 ---------------------------------------------------------------------------------------------
-LFM2_KEYS = tuple(k for k in LLAMA_KEYS if k.name != "attention.layer_norm_rms_epsilon") + (
-    Key("attention.layer_norm_rms_epsilon", "norm_eps", "f32"), Key("shortconv.l_cache", "conv_L_cache"))
-
-
-def lfm2_metadata(c: Mapping) -> dict:
-    return {"attention.head_count_kv": kv_heads(c, [k == "full_attention" for k in c["layer_types"]])}
-
-
-def lfm2_config(get) -> dict:
-    kv = list(get("attention.head_count_kv"))
-    return {"layer_types": ["full_attention" if k else "conv" for k in kv],
-            "num_key_value_heads": max(kv) or get("attention.head_count"), "conv_bias": False,
-            "block_auto_adjust_ff_dim": False}
-
-
-def lfm2_problem(c: Mapping) -> str | None:
-    if c.get("conv_bias"):
-        return "llama.cpp's LFM2 short convs have no biases; this model has them (conv_bias)"
-    return heads_fill_width(c)
-
-
-def lfm2moe_problem(c: Mapping) -> str | None:
-    if not c.get("norm_topk_prob", True):
-        return "llama.cpp's lfm2moe renormalises the top-k routing weights; this model does not (norm_topk_prob)"
-    if c.get("routed_scaling_factor", 1.0) != 1.0:
-        return (f"llama.cpp's lfm2moe reads no routed scale; this model scales its experts by "
-                f"{c['routed_scaling_factor']} (routed_scaling_factor)")
-    return lfm2_problem(c)
-
-
-LFM2_TRANSFORMS = (Transform(r"conv\.conv\.weight$", conv_squeezed),)
-LFM2 = GGUFArch("lfm2", keys=LFM2_KEYS, transforms=LFM2_TRANSFORMS, export=lfm2_metadata, config=lfm2_config,
-                problem=lfm2_problem)
-LFM2MOE = GGUFArch(
-    "lfm2moe", keys=LFM2_KEYS + (Key("expert_count", "num_experts"), Key("expert_used_count", "num_experts_per_tok"),
-                                 Key("expert_feed_forward_length", "moe_intermediate_size"),
-                                 Key("leading_dense_block_count", "num_dense_layers", default=0)),
-    transforms=LFM2_TRANSFORMS, export=lfm2_metadata, problem=lfm2moe_problem,
-    fixed={"expert_gating_func": 2},  # sigmoid, as llama.cpp's converter writes it
-    config=lambda get: {**lfm2_config(get), "use_expert_bias": True, "norm_topk_prob": True,
-                        "routed_scaling_factor": 1.0},
-    renames={r"^model\.(layers\.\d+\.feed_forward\.experts\.)": r"\1", r"\.expert_bias$": ".expert_bias.bias"})

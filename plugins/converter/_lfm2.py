@@ -1,14 +1,21 @@
 """What the ``lfm2`` and ``lfm2_moe`` converters share: LFM2's layers, norms, FFN width rule and
-tensor names (the family is described in ``lfm2.py``)."""
+tensor names (the family is described in ``lfm2.py``), and their GGUF forms, llama.cpp's ``lfm2`` and
+``lfm2moe`` as its converter writes them: conv layers are those with no KV heads
+(``attention.head_count_kv`` per layer), the conv kernel [C, 1, L] is stored [C, L], LFM2-MoE's
+experts stacked with the expert bias as ``exp_probs_b.bias`` and its sigmoid gating as a key.
+llama.cpp's convs have no biases, its q and o are C × C, and its lfm2moe always renormalises the
+chosen weights and reads no routed scale: other models are refused."""
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from torch import nn
 
 from seqzoo.builder import LayerPlan, layer_plan
+from seqzoo.io.gguf import LLAMA_KEYS, GGUFArch, Key, Transform
+from seqzoo.io.gguf.arch import conv_squeezed, heads_fill_width
 from seqzoo.io.hf import (
     CausalLMConverter,
     Rule,
@@ -24,6 +31,7 @@ from seqzoo.io.hf.config import HFConfig
 from seqzoo.io.hf.rope import rope_config, rope_problem, rope_spec
 
 from ._hybrid import attention_rules, mixer_layout, parts
+from ._hybrid_gguf import kv_heads
 
 #: Lfm2Config's defaults (Lfm2MoeConfig's extend them).
 DEFAULTS: dict[str, Any] = {
@@ -205,3 +213,43 @@ class Lfm2Family(CausalLMConverter):
 def swiglu(ffn: dict | None) -> bool:
     """Whether a resolved FFN spec is a SwiGLU without biases (LFM2's MLP and experts)."""
     return ffn is not None and ffn_activation(ffn) == ("silu", True) and not ffn.get("bias")
+
+
+# -- GGUF -----------------------------------------------------------------------------------------
+GGUF_KEYS = tuple(k for k in LLAMA_KEYS if k.name != "attention.layer_norm_rms_epsilon") + (
+    Key("attention.layer_norm_rms_epsilon", "norm_eps", "f32"), Key("shortconv.l_cache", "conv_L_cache"))
+
+
+def gguf_metadata(c: Mapping) -> dict:
+    return {"attention.head_count_kv": kv_heads(c, [KINDS[k] == "attention" for k in c["layer_types"]])}
+
+
+def gguf_config(get) -> dict:
+    kv = list(get("attention.head_count_kv"))
+    return {"layer_types": [NAMED["attention" if k else "conv"] for k in kv], "conv_bias": False,
+            "num_key_value_heads": max(kv) or get("attention.head_count"), "block_auto_adjust_ff_dim": False}
+
+
+def gguf_problem(c: Mapping) -> str | None:
+    if c.get("conv_bias"):
+        return "llama.cpp's LFM2 short convs have no biases; this model has them (conv_bias)"
+    if not c.get("norm_topk_prob", True):
+        return "llama.cpp's lfm2moe renormalises the top-k routing weights; this model does not (norm_topk_prob)"
+    if c.get("routed_scaling_factor", 1.0) != 1.0:
+        return (f"llama.cpp's lfm2moe reads no routed scale; this model scales its experts by "
+                f"{c['routed_scaling_factor']} (routed_scaling_factor)")
+    return heads_fill_width(c)
+
+
+GGUF_TRANSFORMS = (Transform(r"conv\.conv\.weight$", conv_squeezed),)
+LFM2 = GGUFArch("lfm2", keys=GGUF_KEYS, transforms=GGUF_TRANSFORMS, export=gguf_metadata, config=gguf_config,
+                problem=gguf_problem)
+LFM2MOE = GGUFArch(
+    "lfm2moe", keys=GGUF_KEYS + (Key("expert_count", "num_experts"), Key("expert_used_count", "num_experts_per_tok"),
+                                 Key("expert_feed_forward_length", "moe_intermediate_size"),
+                                 Key("leading_dense_block_count", "num_dense_layers", default=0)),
+    transforms=GGUF_TRANSFORMS, export=gguf_metadata, problem=gguf_problem,
+    fixed={"expert_gating_func": 2},  # sigmoid, as llama.cpp's converter writes it
+    config=lambda get: {**gguf_config(get), "use_expert_bias": True, "norm_topk_prob": True,
+                        "routed_scaling_factor": 1.0},
+    renames={r"^model\.(layers\.\d+\.feed_forward\.experts\.)": r"\1", r"\.expert_bias$": ".expert_bias.bias"})

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from seqzoo.registry import builtin
 
-from ._hybrid_gguf import LFM2
-from ._lfm2 import Lfm2Family
+from ._lfm2 import LFM2, Lfm2Family
 
 
 @builtin("Hugging Face LFM2 <-> decoder_lm (gated short-conv and attention layers, q/k RMSNorm, SwiGLU)")

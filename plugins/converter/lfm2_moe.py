@@ -31,8 +31,7 @@ from seqzoo.io.hf import Rule, copy, first_problem, glu_ffn, kind_of
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
-from ._hybrid_gguf import LFM2MOE
-from ._lfm2 import DEFAULTS, KINDS, SWIGLU, Lfm2Family, swiglu
+from ._lfm2 import DEFAULTS, KINDS, LFM2MOE, SWIGLU, Lfm2Family, swiglu
 from ._moe import expert_rules
 
 #: Lfm2MoeConfig's defaults.
