@@ -207,6 +207,7 @@ def refused(model_type: str, config: dict, **changes):
     (refused("nemotron_h", NEMOTRON_MOE, layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "moe"]),
      r"makes every FFN layer a mixture of experts"),
     (refused("nemotron_h", NEMOTRON_MOE, mlp_bias=True), r"shared expert has no biases"),
+    (refused("nemotron_h", NEMOTRON, layers_block_type=["full_attention", "mlp"]), r"this model has no Mamba-2 layer"),
     (refused("lfm2", LFM2, conv_bias=True), r"short convs have no biases"),
     (refused("lfm2", LFM2, head_dim=24), r"needs heads × head_dim = hidden size"),
     (refused("lfm2_moe", LFM2_MOE, norm_topk_prob=False), r"renormalises the top-k routing weights"),

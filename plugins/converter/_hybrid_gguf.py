@@ -156,10 +156,15 @@ def granite_metadata(c: Mapping) -> dict:
 
 
 def granite_config(get) -> dict:
+    """config.json's keys from the file's, with llama.cpp's defaults where it has none: scores scaled
+    by D^-1/2, a shared expert as wide as the FFN, RoPE."""
     kv = list(get("attention.head_count_kv"))
     inner, heads = get("ssm.inner_size"), get("ssm.time_step_rank")
+    head_dim = get("attention.key_length") or get("embedding_length") // get("attention.head_count")
     return {"layer_types": ["attention" if k else "mamba" for k in kv],
             "num_key_value_heads": max(kv) or get("attention.head_count"),
+            "attention_multiplier": get("attention.scale") or head_dim ** -0.5,
+            "shared_intermediate_size": get("expert_shared_feed_forward_length") or get("feed_forward_length"),
             "position_embedding_type": "rope" if get("rope.scaling.finetuned", True) else "nope",
             "mamba_d_head": inner // heads, "mamba_expand": inner // get("embedding_length"), "hidden_act": "silu",
             "mamba_proj_bias": False, "mamba_conv_bias": True}
@@ -174,10 +179,11 @@ def granite_problem(c: Mapping) -> str | None:
 
 GRANITE_HYBRID = GGUFArch(
     "granitehybrid", keys=LLAMA_KEYS + ssm_keys("mamba_d_conv", "mamba_d_state", "mamba_n_groups", "mamba_n_heads")
-    + (Key("attention.scale", "attention_multiplier", "f32"), Key("embedding_scale", "embedding_multiplier", "f32"),
-       Key("residual_scale", "residual_multiplier", "f32"), Key("logit_scale", "logits_scaling", "f32"),
+    + (Key("attention.scale", "attention_multiplier", "f32", optional=True),
+       Key("embedding_scale", "embedding_multiplier", "f32", 1.0),
+       Key("residual_scale", "residual_multiplier", "f32", 1.0), Key("logit_scale", "logits_scaling", "f32", 1.0),
        Key("expert_count", "num_local_experts", default=0), Key("expert_used_count", "num_experts_per_tok", default=0),
-       Key("expert_shared_feed_forward_length", "shared_intermediate_size")),
+       Key("expert_shared_feed_forward_length", "shared_intermediate_size", optional=True)),
     transforms=(*NORM_ROPE, Transform(r"block_sparse_moe\.input_linear\.weight$", gate_up_experts),
                 Transform(r"shared_mlp\.(input|output)_linear\.weight$", granite_shared),
                 *mamba2_transforms("mamba_n_groups")),
@@ -241,6 +247,8 @@ def nemotron_config(moe: bool) -> Callable:
 
 def nemotron_problem(c: Mapping) -> str | None:
     kinds = nemotron_kinds(c)
+    if "linear_attention" not in kinds:
+        return "llama.cpp's nemotron_h needs the Mamba-2 sizes (its ssm.* keys); this model has no Mamba-2 layer"
     if c.get("mlp_hidden_act", "relu2") != "relu2":
         return (f"llama.cpp's nemotron_h computes relu² MLPs and experts; this model's activation is "
                 f"{c['mlp_hidden_act']} (mlp_hidden_act)")
@@ -249,7 +257,7 @@ def nemotron_problem(c: Mapping) -> str | None:
                 "layers beside its expert layers")
     if "moe" in kinds and c.get("mlp_bias"):
         return "llama.cpp's nemotron_h_moe shared expert has no biases; this model has them (mlp_bias)"
-    return "linear_attention" in kinds and mamba2_problem(c, "use_bias", "use_conv_bias") or None
+    return mamba2_problem(c, "use_bias", "use_conv_bias")
 
 
 def nemotron_arch(name: str, keys: tuple[Key, ...], moe: bool, **more) -> GGUFArch:
