@@ -75,7 +75,11 @@ FOLDED = {"falcon-h1 (μP)": ("falcon_h1", dict(FALCON, **MULTIPLIERS)),
 def make(family: str, chunk: int | None = None) -> torch.nn.Module:
     """The family's random model, A_log / D / Δ biases moved off their initial values (a swapped
     one must show), with SSD chunks of ``chunk`` (None: the family's default)."""
-    model_type, config = {**FAMILIES, **FOLDED}[family]
+    return make_from({**FAMILIES, **FOLDED}[family], chunk)
+
+
+def make_from(family: tuple[str, dict], chunk: int | None = None) -> torch.nn.Module:
+    model_type, config = family
     model = from_config(model_type, **config, **({CHUNKS[model_type]: chunk} if chunk and model_type in CHUNKS else {}))
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -226,6 +230,37 @@ def test_nemotron_h_experts_in_one_group_each_kept_are_written_as_one_group(tmp_
             ) == (1, 1)  # llama.cpp asserts used < groups; one group routes alike
     ids = torch.randint(0, 256, (2, 23))
     assert torch.equal(logits(from_gguf(path), ids), logits(model, ids))
+
+
+def without(path, out, *keys: str):
+    """A copy of a GGUF file without some of its architecture's keys."""
+    source = GGUFFile(path)
+    writer = gguf.GGUFWriter(str(out), source.architecture)
+    for name, field in source.reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name.split(".", 1)[1] in keys:
+            continue
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if
+                             field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for tensor in source.reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def test_a_granitehybrid_file_without_its_optional_keys_reads_back_as_llama_cpp_defaults_them(tmp_path):
+    # as llama.cpp's converter writes Bamba: no multipliers, no shared-expert width (experts: none)
+    plain = dict(GRANITE, embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+                 attention_multiplier=16 ** -0.5, num_local_experts=0, num_experts_per_tok=0)
+    model = make_from(("granitemoehybrid", plain))
+    path = without(to_gguf(model, tmp_path / "g.gguf"), tmp_path / "bare.gguf", "attention.scale", "embedding_scale",
+                   "residual_scale", "logit_scale", "expert_shared_feed_forward_length")
+    assert not {"granitehybrid.attention.scale", "granitehybrid.logit_scale"} & set(GGUFFile(path).meta)
+    again = from_gguf(path)
+    ids = torch.randint(0, 256, (2, 23))
+    assert torch.equal(logits(again, ids), logits(model, ids))
 
 
 # -- llama.cpp as the judge -------------------------------------------------------------------------
