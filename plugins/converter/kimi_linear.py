@@ -50,6 +50,7 @@ from seqzoo.registry import builtin
 
 from . import _kda, _mla
 from ._kda import LINEAR_KEYS
+from ._kimi_gguf import KIMI_LINEAR
 from ._moe import expert_rules
 
 MLA_EPS = 1e-6  # KimiLinearRMSNorm's default, used by q_a_layernorm and kv_a_layernorm
@@ -88,6 +89,7 @@ class KimiLinearConverter(CausalLMConverter):
 
     model_type = "kimi_linear"
     architecture = "KimiLinearForCausalLM"
+    gguf = KIMI_LINEAR
     base_prefix = "model."
     embedding = "model.embed_tokens.weight"
     defaults = {"vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216, "moe_intermediate_size": 1024,

@@ -13,6 +13,7 @@ from seqzoo.io.hf import first_problem
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
+from ._delta_gguf import QWEN35MOE
 from ._qwen_next import DEFAULTS, QWEN3_5_DEFAULTS, Qwen3_5Family
 
 #: Qwen3_5MoeTextConfig's defaults (Qwen3.5-35B-A3B's shape, says its docstring).
@@ -31,6 +32,7 @@ class Qwen3_5MoeTextConverter(Qwen3_5Family):
 
     model_type = "qwen3_5_moe_text"
     architecture = "Qwen3_5MoeForCausalLM"
+    gguf = QWEN35MOE
     # Its models are Qwen3-Next's with every layer sparse and renormalised: to_hf writes qwen3_next
     # unless this family is named (model_type=, --model-type); the layout of the weights is no
     # part of a recipe.

@@ -18,6 +18,7 @@ from typing import ClassVar
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
+from ._delta_gguf import QWEN35
 from ._qwen_next import QWEN3_5_DEFAULTS, Qwen3_5Family
 
 
@@ -28,6 +29,7 @@ class Qwen3_5TextConverter(Qwen3_5Family):
 
     model_type = "qwen3_5_text"
     architecture = "Qwen3_5ForCausalLM"
+    gguf = QWEN35
     defaults: ClassVar[dict] = QWEN3_5_DEFAULTS
     name: ClassVar[str] = "Qwen3.5"
 

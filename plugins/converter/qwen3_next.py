@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from seqzoo.registry import builtin
 
+from ._delta_gguf import QWEN3NEXT
 from ._qwen_next import QwenNextFamily
 
 
@@ -44,3 +45,4 @@ class Qwen3NextConverter(QwenNextFamily):
 
     model_type = "qwen3_next"
     architecture = "Qwen3NextForCausalLM"
+    gguf = QWEN3NEXT
