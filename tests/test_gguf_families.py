@@ -73,12 +73,14 @@ def test_a_t5_head_that_is_not_the_scaled_embedding_reads_back_as_its_own(tmp_pa
 def test_the_table_of_families_names_every_llama_cpp_architecture():
     assert families() == {
         "bert": ["bert"], "bloom": ["bloom"], "deepseek2": ["deepseek_v3"],
-        "gemma2": ["gemma2"], "gemma3": ["gemma3_text"], "gpt2": ["gpt2"],
-        "gptneox": ["gpt_neox"], "gpt-oss": ["gpt_oss"], "jamba": ["jamba"],
+        "falcon-h1": ["falcon_h1"], "gemma2": ["gemma2"], "gemma3": ["gemma3_text"], "gpt2": ["gpt2"],
+        "gptneox": ["gpt_neox"], "gpt-oss": ["gpt_oss"], "granitehybrid": ["granitemoehybrid"], "jamba": ["jamba"],
+        "kimi-linear": ["kimi_linear"], "lfm2": ["lfm2"], "lfm2moe": ["lfm2_moe"],
         "llama": ["llama", "mistral", "mixtral"], "modern-bert": ["modernbert"], "mamba": ["falcon_mamba", "mamba"],
-        "mamba2": ["mamba2"], "olmo2": ["olmo2"], "olmoe": ["olmoe"], "phi3": ["phi3"], "qwen2": ["qwen2"],
-        "qwen2moe": ["qwen2_moe"], "qwen3": ["qwen3"], "qwen3moe": ["qwen3_moe"], "smollm3": ["smollm3"],
-        "t5": ["t5"]}
+        "mamba2": ["mamba2"], "nemotron_h": ["nemotron_h"], "nemotron_h_moe": ["nemotron_h"], "olmo2": ["olmo2"],
+        "olmoe": ["olmoe"], "phi3": ["phi3"], "qwen2": ["qwen2"],
+        "qwen2moe": ["qwen2_moe"], "qwen3": ["qwen3"], "qwen3moe": ["qwen3_moe"], "qwen35": ["qwen3_5_text"],
+        "qwen35moe": ["qwen3_5_moe_text"], "qwen3next": ["qwen3_next"], "smollm3": ["smollm3"], "t5": ["t5"]}
 
 
 def meta(path, arch: str, key: str):

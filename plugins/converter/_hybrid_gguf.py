@@ -39,7 +39,7 @@ from seqzoo.io.gguf import LLAMA_KEYS, GGUFArch, Key, Transform
 from seqzoo.io.gguf.arch import NORM_ROPE, gate_up_experts, grouped_norm
 from seqzoo.io.hf import Rule
 
-from .mamba2 import Mamba2Converter
+from ._mamba2 import GGUF_CONV, GGUF_PER_HEAD, GGUF_RENAMES
 
 
 def block(hf: str) -> str:
@@ -50,11 +50,7 @@ def block(hf: str) -> str:
 def mamba2_transforms(groups_key: str) -> tuple[Transform, ...]:
     """``mamba2``'s transforms (A and D per head, the squeezed conv) and its gated norm grouped by
     the config key ``groups_key``, under ``mamba.`` or ``mixer.``."""
-    per_head, conv, _ = Mamba2Converter.gguf.transforms
-    return per_head, conv, Transform(r"(mamba|mixer)\.norm\.weight$", grouped_norm(groups_key))
-
-
-MAMBA2_RENAMES = Mamba2Converter.gguf.renames  # dt_bias is dt_proj's bias
+    return GGUF_PER_HEAD, GGUF_CONV, Transform(r"(mamba|mixer)\.norm\.weight$", grouped_norm(groups_key))
 
 
 def mamba2_problem(config: Mapping, bias: str, conv_bias: str) -> str | None:
@@ -127,7 +123,7 @@ FALCON_H1 = GGUFArch(
                 Transform(r"mamba\.in_proj\.weight$", folded(times("ssm_in_multiplier"))),
                 Transform(r"mamba\.out_proj\.weight$", folded(times("ssm_out_multiplier"))),
                 *mamba2_transforms("mamba_n_groups")),
-    renames=MAMBA2_RENAMES, problem=falcon_problem,
+    renames=GGUF_RENAMES, problem=falcon_problem,
     # every multiplier is in the weights: the import leaves them at their default, 1
     config=lambda get: {"mamba_d_head": get("ssm.inner_size") // get("ssm.time_step_rank"), "hidden_act": "silu",
                         "attention_bias": False, "mamba_proj_bias": False, "projectors_bias": False,
@@ -187,7 +183,7 @@ GRANITE_HYBRID = GGUFArch(
     transforms=(*NORM_ROPE, Transform(r"block_sparse_moe\.input_linear\.weight$", gate_up_experts),
                 Transform(r"shared_mlp\.(input|output)_linear\.weight$", granite_shared),
                 *mamba2_transforms("mamba_n_groups")),
-    renames=MAMBA2_RENAMES, export=granite_metadata, config=granite_config, problem=granite_problem,
+    renames=GGUF_RENAMES, export=granite_metadata, config=granite_config, problem=granite_problem,
     from_tensors=lambda names: {"attention_bias": any(n.endswith("attn_q.bias") for n in names)})
 
 
@@ -265,7 +261,7 @@ def nemotron_arch(name: str, keys: tuple[Key, ...], moe: bool, **more) -> GGUFAr
         name, keys=keys, **more, rope=False, export=nemotron_metadata, config=nemotron_config(moe),
         problem=nemotron_problem,
         transforms=(*NORM_ROPE, *mamba2_transforms("n_groups")),
-        renames={**MAMBA2_RENAMES, r"gate\.e_score_correction_bias$": "gate.e_score_correction.bias",
+        renames={**GGUF_RENAMES, r"gate\.e_score_correction_bias$": "gate.e_score_correction.bias",
                  r"^backbone\.layers\.(\d+)\.mixer\.experts\.": r"model.layers.\1.mlp.experts."},
         from_tensors=lambda names: {"mlp_bias": any(n.endswith("ffn_up.bias") for n in names)})
 

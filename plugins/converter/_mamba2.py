@@ -8,8 +8,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from seqzoo.errors import CheckpointError
+from seqzoo.io.gguf import Transform
+from seqzoo.io.gguf.arch import conv_squeezed, per_head_column
 from seqzoo.io.hf import Rule, copy, first_problem, linear
 from seqzoo.io.hf.config import HFConfig
+
+#: llama.cpp's Mamba-2 tensors (``mamba2`` and the hybrids' Mamba-2 layers): dt_bias as dt_proj's
+#: bias, A and D per head as columns, the conv kernel squeezed (the gated norm, grouped, is each
+#: family's: its config names the groups).
+GGUF_RENAMES = {r"\.dt_bias$": ".dt_proj.bias"}
+GGUF_PER_HEAD = Transform(r"\.(A_log|D)$", per_head_column)
+GGUF_CONV = Transform(r"conv1d\.weight$", conv_squeezed)
 
 #: transformers 5 writes ±inf and NaN in config.json as {"__float__": "Infinity"}.
 SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}

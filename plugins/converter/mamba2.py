@@ -30,12 +30,22 @@ from torch import nn
 from seqzoo.builder import layer_plan
 from seqzoo.errors import CheckpointError
 from seqzoo.io.gguf import GGUFArch, Key, Transform
-from seqzoo.io.gguf.arch import conv_squeezed, grouped_norm, per_head_column
+from seqzoo.io.gguf.arch import grouped_norm
 from seqzoo.io.hf import CausalLMConverter, Rule, first_problem, kind_of, norm, special_ids
 from seqzoo.io.hf.config import HFConfig
 from seqzoo.registry import builtin
 
-from ._mamba2 import NAMES, NO_LIMIT, mixer_config, mixer_problem, mixer_rules, mixer_spec
+from ._mamba2 import (
+    GGUF_CONV,
+    GGUF_PER_HEAD,
+    GGUF_RENAMES,
+    NAMES,
+    NO_LIMIT,
+    mixer_config,
+    mixer_problem,
+    mixer_rules,
+    mixer_spec,
+)
 
 #: llama.cpp's mamba2 metadata: the SSM's heads are its "time step rank".
 MAMBA2_KEYS = (Key("block_count", "num_hidden_layers"), Key("embedding_length", "hidden_size"),
@@ -66,10 +76,8 @@ class Mamba2Converter(CausalLMConverter):
     max_seq_len = 1048576
     # llama.cpp's mamba2: A and D per head as columns, the gated norm per group, dt_bias as
     # dt_proj's bias, the conv kernel squeezed.
-    gguf = GGUFArch("mamba2", keys=MAMBA2_KEYS, rope=False, renames={r"\.dt_bias$": ".dt_proj.bias"},
-                    transforms=(Transform(r"\.(A_log|D)$", per_head_column),
-                                Transform(r"conv1d\.weight$", conv_squeezed),
-                                Transform(r"mixer\.norm\.weight$", grouped_norm("n_groups"))),
+    gguf = GGUFArch("mamba2", keys=MAMBA2_KEYS, rope=False, renames=GGUF_RENAMES,
+                    transforms=(GGUF_PER_HEAD, GGUF_CONV, Transform(r"mixer\.norm\.weight$", grouped_norm("n_groups"))),
                     fixed={"context_length": 1 << 20, "feed_forward_length": 0, "attention.head_count": 0},
                     export=lambda c: {"ssm.inner_size": c["num_heads"] * c["head_dim"]},
                     config=lambda get: {"head_dim": get("ssm.inner_size") // get("ssm.time_step_rank"),
