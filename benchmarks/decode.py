@@ -63,8 +63,11 @@ def llama_cpp_engine(path: Path, ids: list[int], tokens: int, threads: int):
     import llama_cpp
     import numpy as np
 
+    # logits_all: the bindings copy the logits they computed into ``scores`` only then (one row per
+    # decoded token, as seqzoo returns); a float32 KV cache, as seqzoo's.
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, verbose=False, n_threads=threads,
-                          n_threads_batch=threads, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+                          n_threads_batch=threads, logits_all=True, type_k=llama_cpp.GGML_TYPE_F32,
+                          type_v=llama_cpp.GGML_TYPE_F32)
 
     def run() -> tuple[list[int], float]:
         llm.reset()

@@ -93,7 +93,7 @@ def test_compiled_moe_generate_equals_eager_with_one_graph_per_batch_size():
 
 
 @pytest.mark.slow
-def test_every_model_gets_its_own_compiled_step(monkeypatch):
+def test_every_model_gets_its_own_compiled_step():
     """dynamo's recompile limit belongs to a code object: with one shared decode step, the models
     after the limit silently decoded eagerly. Each model's step is its own, so with a limit of 1
     three models still compile three graphs."""
@@ -101,12 +101,14 @@ def test_every_model_gets_its_own_compiled_step(monkeypatch):
 
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    for recipe in ("tiny-gpt", "tiny-llama", "tiny-mamba"):
-        model = seqzoo.build(recipe, device="cpu").eval()
-        ids = torch.randint(1, 256, (1, 5))
-        assert torch.equal(seqzoo.generate(model, ids, 8, eos_id=None, compile=True),
-                           seqzoo.generate(model, ids, 8, eos_id=None))
+    # torch's own patch, not monkeypatch: undoing a setattr on torch's config module deleted the
+    # key, and the next test's compilation found no recompile_limit at all.
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for recipe in ("tiny-gpt", "tiny-llama", "tiny-mamba"):
+            model = seqzoo.build(recipe, device="cpu").eval()
+            ids = torch.randint(1, 256, (1, 5))
+            assert torch.equal(seqzoo.generate(model, ids, 8, eos_id=None, compile=True),
+                               seqzoo.generate(model, ids, 8, eos_id=None))
     assert counters["stats"]["unique_graphs"] == 3
 
 
@@ -122,3 +124,20 @@ def test_cli_generate_compile_gives_the_same_ids(tmp_path, capsys):
                      *extra]) == 0
         runs.append(capsys.readouterr().out.strip())
     assert runs[0] == runs[1] and len(runs[0].split(",")) == 12
+
+
+@pytest.mark.slow
+def test_a_compiled_generation_sees_weights_changed_since_it_was_compiled():
+    """The compiled decode step is frozen (its weights are constants of the graph, packed once for
+    the BLAS): after an in-place change of the weights (a training step, a load) the next compiled
+    generation is compiled afresh and gives the new weights' tokens, not the old ones."""
+    model = seqzoo.build("tiny-llama", device="cpu").eval()
+    prompt = torch.randint(3, 250, (1, 6))
+    before = seqzoo.generate(model, prompt, 12, compile=True, eos_id=None)
+    assert torch.equal(before, seqzoo.generate(model, prompt, 12, eos_id=None))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * parameter.std().nan_to_num(0.02))
+    after = seqzoo.generate(model, prompt, 12, compile=True, eos_id=None)
+    assert torch.equal(after, seqzoo.generate(model, prompt, 12, eos_id=None))
+    assert not torch.equal(after, before)  # the change moved the tokens: the old graph would show

