@@ -80,3 +80,19 @@ def test_two_arms_of_one_name_and_a_missing_file_are_refused(tmp_path, capsys):
     assert f"--contenders {tmp_path / 'none.yaml'}: cannot read it" in capsys.readouterr().err
     assert main(["compare", "--steps", "2"]) == 2
     assert "seqzoo compare: give the recipes to compare, or --contenders FILE" in capsys.readouterr().err
+
+
+def test_the_shipped_optimizer_comparison_plans(grammar_shards, tmp_path):
+    """examples/compare/optimizers.yaml (docs/compare.md's optimizer section): 16 arms, two blocks under
+    AdamW and Muon at three rates and WSD, all on one budget; planned, nothing trained."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "compare" / "optimizers.yaml"
+    comparison = plan(read_contenders(path), tmp_path, tokens=2_000_000, data=grammar_shards, log=lambda _: None)
+    trains = {run.arm: run.recipe["train"] for run in comparison.runs}
+    assert len(trains) == 16
+    assert {t["lr"] for t in trains.values()} == {3e-4, 1e-3, 3e-3}
+    muon = [arm for arm, t in trains.items() if t["optimizer"]["kind"] == "muon"]
+    assert len(muon) == 8 and all("muon" in arm for arm in muon)
+    assert [arm for arm, t in trains.items() if t["schedule"]["kind"] == "wsd"] == [
+        "llama-adamw-1e-3-wsd", "llama-muon-1e-3-wsd", "mamba2-adamw-1e-3-wsd", "mamba2-muon-1e-3-wsd"]
