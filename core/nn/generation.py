@@ -116,10 +116,11 @@ def _compiled_decode_step(model: nn.Module):
     """``_decode_step`` through torch.compile for ``model``, with inductor's ``freezing``: the
     weights become constants of the graph, so each linear layer's weight is packed once into the
     BLAS's own layout (oneDNN's for bfloat16, MKL's for float32) instead of being read in its
-    row-major form every token (SmolLM2-135M on an AMD EPYC: 36 -> 41 tokens/s in float32,
-    32 -> 44 in bfloat16; docs/performance.md). A frozen graph does not see later changes of the
-    weights, so it is kept with their versions (every in-place update, an optimizer step or a
-    load, bumps one) and compiled afresh when they moved. Each model gets a copy of the function
+    row-major form every token (SmolLM2-135M in float32 on an AMD EPYC: 33–36 -> 42–45 tokens/s,
+    llama.cpp's rate; docs/performance.md). The packed copies live beside the model's own weights
+    while the step is kept: compiled decoding holds the weights twice. A frozen graph does not see
+    later changes of the weights, so it is kept with their versions (every in-place update, an
+    optimizer step or a load, bumps one) and compiled afresh when they moved. Each model gets a copy of the function
     with a code object of its own: dynamo's graphs and its recompile limit (8) belong to a code
     object, so one shared step ran out of graphs after a few models in one process (a benchmark,
     a server) and silently fell back to eager decoding."""
@@ -201,7 +202,8 @@ def generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens:
     ``compile`` (decoder-only models): after the prompt, decode with a static KV cache, each step
     compiled by ``torch.compile`` — the same tokens, faster per token; the first call for a model
     structure, batch size and (rounded) length pays the compilation (seconds to tens of seconds
-    on a CPU), later ones reuse it. torch keeps up to ``torch._dynamo.config.recompile_limit``
+    on a CPU), later ones reuse it; its weights are packed for the BLAS once (a second copy of
+    them in memory while the step is kept). torch keeps up to ``torch._dynamo.config.recompile_limit``
     (8) such graphs; shapes beyond that decode eagerly, with torch's warning.
 
     A list of 1-D prompts of any lengths is padded into one batch (on the side the model masks:
