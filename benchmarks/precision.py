@@ -29,7 +29,7 @@ import seqzoo
 from seqzoo.config import TrainConfig
 from seqzoo.train.machine import device_name
 from seqzoo.train.optimization import optimizer_for
-from seqzoo.train.precision import autocast_for, cpu_flags, probe, resolve
+from seqzoo.train.precision import autocast_for, cpu_flags, model_width, probe, resolve
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "compare" / "llama.yaml"
 SIZE = ["model.dim=768", "model.attention.heads=12", "model.attention.kv_heads=4", "model.ffn.hidden=2048",
@@ -68,7 +68,7 @@ def measure(rounds: int, warmup: int, batch: int, seq_len: int, overrides: list[
             if index >= warmup:
                 times[name].append(took)
     medians = {name: statistics.median(values) for name, values in times.items()}
-    chosen = probe(torch.device("cpu"))
+    chosen = probe(torch.device("cpu"), model_width(runs["float32"][0]))
     return {"cpu": device_name(torch.device("cpu")), "flags": cpu_flags(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "batch": batch, "seq_len": seq_len, "rounds": rounds, "warmup": warmup,
             "overrides": [*SIZE, *overrides], "medians": medians, "speedup": medians["float32"] / medians["bfloat16"],

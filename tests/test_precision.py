@@ -30,7 +30,7 @@ def rates(tmp_path, monkeypatch):
 
     mocked = Rates(float32=1e11, bfloat16=1e11)
 
-    def measure(dtype, budget=0.3):
+    def measure(dtype, width, budget=0.3):
         mocked.calls += 1
         return mocked[str(dtype).removeprefix("torch.")]
     monkeypatch.setattr(precision_module, "_rate", measure)
@@ -47,12 +47,22 @@ def test_auto_on_the_cpu_picks_what_the_probe_finds_faster(rates, bf16, chosen):
     assert picked.record()["probe_flops"] == picked.rates and "GFLOP/s" in picked.reason
 
 
-def test_the_probe_is_measured_once_per_machine_and_thread_count(rates, tmp_path):
-    resolve("auto", CPU)
-    resolve("auto", CPU)
+def test_the_probe_is_measured_once_per_machine_width_and_thread_count(rates, tmp_path):
+    resolve("auto", CPU, 256)
+    resolve("auto", CPU, 256)
     assert rates.calls == 2  # float32 and bfloat16, once: the second run reads the kept rates
     kept = json.loads((tmp_path / "machine.json").read_text())
-    assert all(f"threads={torch.get_num_threads()}" in key for key in kept) and len(kept) == 2
+    assert all(f"threads={torch.get_num_threads()}" in key and "512x256" in key for key in kept) and len(kept) == 2
+    resolve("auto", CPU, 64)  # another width is another measurement
+    assert rates.calls == 4
+
+
+def test_the_probe_measures_the_models_own_width():
+    from seqzoo.train.precision import model_width
+
+    assert model_width(seqzoo.build("tiny-gpt", device="cpu")) == 64
+    assert model_width(seqzoo.build("tiny-llama", ["model.dim=96"], device="cpu")) == 96
+    assert model_width(torch.nn.Sequential(torch.nn.Linear(12, 40), torch.nn.Linear(40, 3))) == 40
 
 
 @pytest.mark.parametrize("asked", ["float32", "bfloat16"])

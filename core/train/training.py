@@ -47,7 +47,7 @@ from .optimization import (
     set_learning_rate,
     update_rule,
 )
-from .precision import Precision, autocast_for
+from .precision import Precision, autocast_for, model_width
 from .precision import resolve as resolve_precision
 from .progress import progress
 from .token_batches import TokenExamples
@@ -186,7 +186,7 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
         add_lora(model, config.lora)
     choose_trainable(model, config)
     rule = update_rule(config, dist_info.world)  # refused under FSDP2 before anything is sharded
-    precision = resolve_precision(config.precision, device)
+    precision = resolve_precision(config.precision, device, model_width(model))
     if not quiet and dist_info.main:
         print(f"seqzoo: computing in {precision.describe()}", file=sys.stderr)
     cost = _step_cost(model, examples, config, device, precision)  # before wrapping: a sharded forward is collective
