@@ -174,3 +174,42 @@ def test_recurrent_states_stay_float32_under_autocast(recipe):
     assert states, f"{recipe}: no recurrent state found"
     assert all(v.dtype == torch.float32 for v in states.values()), {k: v.dtype for k, v in states.items()}
     assert (logits.float() - exact).abs().max() <= 0.05 * exact.abs().max()
+
+
+RANKS = """
+import json, os, sys, torch, seqzoo
+from seqzoo.config import TrainConfig
+from seqzoo.train.machine import measurement_key
+from seqzoo.train.training import train
+rank = int(os.environ["RANK"])
+folder = os.path.join(sys.argv[1], f"rank{rank}")  # each rank its own cache: their probes disagree
+os.makedirs(folder, exist_ok=True)
+os.environ["SEQZOO_CACHE_DIR"] = folder
+cpu = torch.device("cpu")
+rates = {"float32": 1e11, "bfloat16": 7e11 if rank == 0 else 5e8}
+with open(os.path.join(folder, "machine.json"), "w") as f:
+    json.dump({measurement_key("probe FLOP/s 512x64", cpu, getattr(torch, name)): rate
+               for name, rate in rates.items()}, f)
+torch.manual_seed(0)
+model = seqzoo.build("tiny-gpt", ["model.layers=1"], device="cpu")
+config = TrainConfig(task={"kind": "copy", "min_len": 2, "max_len": 6}, steps=1, batch_size=4, eval_examples=4)
+result = train(model, config, seqzoo.tokenizer(model), quiet=True)
+print(f"rank {rank}: {result.precision['precision']} ({result.precision['reason']})", flush=True)
+"""
+
+
+@pytest.mark.skipif(__import__("shutil").which("torchrun") is None, reason="needs torchrun")
+def test_ranks_whose_probes_disagree_all_compute_in_rank_0s_choice(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+                          str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
+    assert lines[0].startswith("rank 0: bfloat16 (auto: bfloat16 products 7x"), lines
+    assert lines[1] == "rank 1: bfloat16 (auto: rank 0's probe)", lines

@@ -39,6 +39,17 @@ class Distributed:
             torch.cuda.set_device(local)
         return cls(dist.get_rank(), world, local)
 
+    def from_first(self, flag: bool, device: torch.device) -> bool:
+        """Rank 0's ``flag`` on every rank: a choice each rank made for itself (the precision probe,
+        timed on each rank's cores) made one, so every rank computes alike."""
+        if self.world == 1:
+            return flag
+        import torch.distributed as dist
+
+        t = torch.tensor([int(flag)], device=device)
+        dist.broadcast(t, 0)
+        return bool(t.item())
+
     def average(self, value: float, device: torch.device) -> float:
         if self.world == 1:
             return value

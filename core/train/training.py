@@ -187,6 +187,8 @@ def train(model: nn.Module, config: TrainConfig, tokenizer: Tokenizer, *, output
     choose_trainable(model, config)
     rule = update_rule(config, dist_info.world)  # refused under FSDP2 before anything is sharded
     precision = resolve_precision(config.precision, device, model_width(model))
+    if dist_info.from_first(precision.autocast, device) != precision.autocast:  # the ranks' probes disagreed
+        precision = Precision("float32" if precision.autocast else "bfloat16", "auto: rank 0's probe", precision.rates)
     if not quiet and dist_info.main:
         print(f"seqzoo: computing in {precision.describe()}", file=sys.stderr)
     cost = _step_cost(model, examples, config, device, precision)  # before wrapping: a sharded forward is collective
