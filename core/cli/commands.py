@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                         "pays a one-off compilation, worth it for long outputs)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="cast the weights to this type first (default: as stored)")
-    p.add_argument("--quantize", choices=["int8"],
-                   help="int8 weight-only linear layers (torchao); half the bytes of bfloat16 per token")
+    p.add_argument("--quantize", choices=["int8", "int8-dynamic"],
+                   help="int8 linear layers: int8 = weight-only (torchao), int8-dynamic = int8 weights and "
+                        "per-token int8 inputs, integer products (the CPU; fastest, least exact)")
 
     for module in EXTENSIONS:  # command groups that live beside the code they drive
         COMMANDS.update(importlib.import_module(module).register_cli(add))

@@ -114,11 +114,11 @@ _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _compiled_decode_step(model: nn.Module):
     """``_decode_step`` through torch.compile for ``model``, with inductor's ``freezing``: the
-    weights become constants of the graph, so each linear layer's weight is packed once into the
-    BLAS's own layout (oneDNN's for bfloat16, MKL's for float32) instead of being read in its
-    row-major form every token (SmolLM2-135M in float32 on an AMD EPYC: 33–36 -> 42–45 tokens/s,
-    llama.cpp's rate; docs/performance.md). The packed copies live beside the model's own weights
-    while the step is kept: compiled decoding holds the weights twice. A frozen graph does not see
+    weights become constants of the graph, folded into what is computed from them once (a bfloat16
+    linear layer's weight is packed into oneDNN's layout; float32's products stay MKL products on
+    the weights as they are) instead of every token (SmolLM2-135M in float32 on an AMD EPYC: 33–36
+    -> 42–45 tokens/s in one session's A/B; docs/performance.md). Packed copies live beside the
+    model's own weights while the step is kept. A frozen graph does not see
     later changes of the weights, so it is kept with their versions (every in-place update, an
     optimizer step or a load, bumps one) and compiled afresh when they moved. Each model gets a copy of the function
     with a code object of its own: dynamo's graphs and its recompile limit (8) belong to a code
