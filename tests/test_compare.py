@@ -197,3 +197,20 @@ def test_the_shipped_comparison_plans_every_block_at_gpt2s_parameter_count(tmp_p
     target = runs[0].parameters
     for run in runs[1:]:
         assert abs(run.parameters - target) / target < 0.006, (run.arm, run.parameters, target)
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # plot is replaced: the legend has nothing
+def test_more_arms_than_colours_are_told_apart_by_line_style(tmp_path, monkeypatch):
+    """Sixteen arms (docs/compare.md's byte table): matplotlib's ten colours repeat, so the arms past
+    the tenth are drawn dashed — no two arms share both colour and style."""
+    pytest.importorskip("matplotlib")
+    from seqzoo.lab import compare as comparing
+
+    drawn = []
+    monkeypatch.setattr("matplotlib.axes.Axes.plot", lambda self, *a, **k: drawn.append((k["color"], k["ls"])))
+    runs = [{"arm": f"arm{i}", "curve": [{"step": 1, "tokens": 10, "seconds": 1.0, "eval": {"loss": 2.0 - i / 20}}]}
+            for i in range(16)]
+    comparing.draw({"runs": runs}, tmp_path)
+    per_figure = drawn[:16]
+    assert len(set(per_figure)) == 16
+    assert per_figure[0] == ("C0", "-") and per_figure[10] == ("C0", "--")

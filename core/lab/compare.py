@@ -457,6 +457,10 @@ def curves(results: dict, x: str) -> dict[str, tuple[list[float], list[float]]]:
     return out
 
 
+#: The line style of the first ten arms, the next ten, ...
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def draw(results: dict, output: Path) -> list[str]:
     """``loss-tokens.png`` and ``loss-seconds.png``: held-out loss per arm (PlotError without
     matplotlib)."""
@@ -469,11 +473,12 @@ def draw(results: dict, output: Path) -> list[str]:
             continue
         fig = figure(6.4, 4.2)
         ax = fig.subplots()
-        for arm, (xs, ys) in lines.items():
-            ax.plot(xs, ys, marker="o", ms=3, label=arm)
+        for index, (arm, (xs, ys)) in enumerate(lines.items()):
+            # matplotlib's colour cycle has ten colours: past them, the line style tells arms apart
+            ax.plot(xs, ys, marker="o", ms=3, label=arm, color=f"C{index % 10}", ls=LINE_STYLES[index // 10 % 4])
         ax.set(xlabel=label, ylabel="held-out loss", title=f"held-out loss against {label}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2 if len(lines) > 8 else 1)
         paths.append(save_figure(fig, output / f"loss-{x}.png"))
     return paths
 

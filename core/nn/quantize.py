@@ -8,15 +8,18 @@ Why a module of seqzoo's own for the dynamic kind, beside torchao's: on SmolLM2-
 threads, compiled) torchao's ``Int8DynamicActivationInt8WeightConfig`` decoded at 29 ms a token —
 slower than float32's 24–27 — because dynamo guards its 151 tensor-subclass weights every step (6
 ms) and its graph copies between them; the same integer products from plain int8 buffers take 13.3
-ms a token (docs/performance.md, "Decoding against llama.cpp"). Weight-only int8 dequantises each
-weight before a floating product, so it reads a quarter of the bytes and still computes on four;
-the integer product (oneDNN's VNNI kernels behind ``torch._int_mm``) is what makes the quarter pay.
+ms a token (docs/performance.md, "Decoding against llama.cpp"). Weight-only int8 over float32
+activations dequantises each weight before a float32 product, so it reads a quarter of the bytes
+and still computes on four (over bfloat16 activations, ``--dtype bfloat16 --quantize int8``, torch's
+``_weight_int8pack_mm`` reads the int8 weight directly); the integer product (oneDNN's VNNI kernels
+behind ``torch._int_mm``) is what makes the quarter pay most.
 
 Token-by-token decoding at batch 1 is bound by reading the weights: half the bytes (bfloat16) or a
 quarter (int8) is the whole gain there. A tied LM head gets a copy of its own first: the embedding
 table stays as it is (a lookup reads one row), the head's product reads the quantized copy (a
 later ``tie_weights()`` would share the float table again: slower, not wrong).
-Activations, the KV cache's type and the loss are untouched by ``quantize``; under ``to_dtype`` the
+The activations between layers, the KV cache's type and the loss are untouched by ``quantize``
+(``int8-dynamic`` rounds only each linear layer's own input, inside it); under ``to_dtype`` the
 model computes in that type, its recurrent states in float32 (the mixers keep them so).
 """
 from __future__ import annotations
