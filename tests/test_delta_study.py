@@ -76,3 +76,45 @@ def test_the_rule_across_tasks_and_the_better_mamba():
     assert overall(["buys recall back", "does not"]) == "does not"
     assert overall(["invalid", "buys recall back"]) == "invalid"
     assert better_of([0.9, 0.2, 0.5], [0.8, 0.4, 0.5]) == [0.9, 0.4, 0.5]
+
+
+def test_the_second_study_refuses_to_start_before_the_first_has_finished(tmp_path, capsys):
+    """It reuses the first study's runs, and never trains them itself: without them it stops at once
+    with one line that names the missing run and the command that makes it."""
+    from seqzoo.cli import main
+
+    assert main(["experiment", "delta-rule", "--quick", "-o", str(tmp_path / "delta-rule")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert "recall/layers2/runs/attention_lr_0.001/seed0/result.json: this run of the first study has not finished" \
+        in error and f"seqzoo experiment recall -o {tmp_path / 'recall'}" in error
+    assert not (tmp_path / "recall").exists()  # nothing of the first study's was made
+
+
+@pytest.mark.slow  # the first study's quick runs (recall and copying, ~1.5 min) and then its own
+def test_the_second_study_reads_the_first_and_trains_only_gated_deltanet(tmp_path, capsys):
+    import json
+
+    from seqzoo.cli import main
+
+    for name in ("recall", "copying"):
+        assert main(["experiment", name, "--quick", "--workers", "1", "-o", str(tmp_path / name)]) == 0
+    before = {p: p.stat().st_mtime for p in tmp_path.glob("*/layers*/runs/*/seed*/result.json")}
+    capsys.readouterr()
+    assert main(["experiment", "delta-rule", "--quick", "--workers", "1", "-o", str(tmp_path / "delta-rule")]) == 0
+    log = capsys.readouterr().err
+    assert "gated deltanet D_k=8" in log and "attention · lr" not in log and "mamba N=4 · lr" not in log
+    assert {p: p.stat().st_mtime for p in before} == before  # the first study's runs are read, not touched
+    saved = json.loads((tmp_path / "delta-rule" / "delta-rule.json").read_text())
+    assert [(r[0], r[1]) for r in saved["rows"]] == [
+        ("recall", "attention"), ("recall", "mamba N=4"), ("recall", "gated deltanet D_k=8"),
+        ("copying", "attention hard-ALiBi"), ("copying", "mamba N=4"), ("copying", "gated deltanet D_k=8")]
+    tasks = saved["data"]["tasks"]
+    assert tasks["recall"]["pairs"] == [["gated deltanet D_k=8", "mamba N=4, the better", 8]]
+    # four quick steps leave attention unsolved: no comparison is reported, as the rule says
+    assert tasks["recall"]["verdict"] == "invalid" and saved["data"]["verdict"] == "invalid"
+    # its FFN width is solved to the first study's parameter count
+    first = json.loads((tmp_path / "recall" / "recall.json").read_text())
+    counts = {r[1]: r[3] for r in first["rows"]}
+    ours = {r[1]: r[3] for r in saved["rows"] if r[0] == "recall"}
+    assert abs(ours["gated deltanet D_k=8"] - counts["attention"]) / counts["attention"] < 0.02

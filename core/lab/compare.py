@@ -133,7 +133,7 @@ def plan(arms: list[Arm], output: str | Path, *, steps: int | None = None, token
         for seed in seeds:
             seeded = json.loads(json.dumps(recipe))
             seeded["train"]["seed"] = seed
-            runs.append(Run(arm.name, seed, seeded, Path(output) / "runs" / _slug(arm.name) / f"seed{seed}",
+            runs.append(Run(arm.name, seed, seeded, Path(output) / "runs" / slug(arm.name) / f"seed{seed}",
                             count, non_embedding, run_steps))
     settings = {"arms": [asdict(a) for a in arms], "steps": steps, "tokens": tokens, "seeds": list(seeds),
                 "data": data, "overrides": list(overrides), "match_params": match_params, "run_steps": run_steps}
@@ -143,7 +143,8 @@ def plan(arms: list[Arm], output: str | Path, *, steps: int | None = None, token
     return Plan(runs, settings)
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
+    """An arm's folder name under runs/ (what is not a letter, digit, dot, dash or underscore -> _)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 

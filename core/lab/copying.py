@@ -63,6 +63,19 @@ QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "alphabet": 8, "max
          "states": {"mamba": [4]}, "mimetic": {"mamba": [4]}, "hybrid": False, "rope": False}
 
 
+def design(shape: dict) -> dict:
+    """What the study's depths share, as ``every_depth`` takes it (see ``recall.design``): the
+    reference must copy every length inside the training range."""
+    lengths = shape["lengths"]
+    task = {"kind": "copying", "min_len": 1, "max_len": shape["max_len"], "eval_lengths": lengths,
+            "alphabet": shape["alphabet"]}
+    longest, vocab = 2 * max(lengths) + 2, vocabulary(3 + shape["alphabet"])
+    return {"contenders": lambda layers: contenders(shape, layers),
+            "base": lambda layers: model_base(shape, layers, max_seq_len=longest, vocab_size=vocab),
+            "train": training(shape, task), "groups": [f"L={n}" for n in lengths], "xs": lengths, "metric": "exact",
+            "reference": REFERENCE, "checked": [n for n in lengths if n <= shape["max_len"]]}
+
+
 def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
             workers: int | None = None) -> ExperimentResult:
     """Run (or continue) the study; the table of exact copies per length, the verdicts and the
@@ -70,15 +83,8 @@ def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str
     shape = QUICK if quick else FULL
     lengths = shape["lengths"]
     inside = [n for n in lengths if n <= shape["max_len"]]
-    task = {"kind": "copying", "min_len": 1, "max_len": shape["max_len"], "eval_lengths": lengths,
-            "alphabet": shape["alphabet"]}
-    longest, vocab = 2 * max(lengths) + 2, vocabulary(3 + shape["alphabet"])
-    done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-copying-"),
-                       lambda layers: contenders(shape, layers),
-                       lambda layers: model_base(shape, layers, max_seq_len=longest, vocab_size=vocab),
-                       training(shape, task), groups=[f"L={n}" for n in lengths], xs=lengths, metric="exact",
-                       reference=REFERENCE, checked=inside, log=log, threads=torch.get_num_threads(),
-                       workers=workers)
+    done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-copying-"), **design(shape), log=log,
+                       threads=torch.get_num_threads(), workers=workers)
     for layers, depth in done.data.items():
         depth["efficiency"] = efficiency(done.found[layers], f"L={inside[-1]}", shape["batch"])
     columns = ["layers", "model", "state floats / layer", "params", "best lr",

@@ -51,7 +51,7 @@ from ..io.build import build
 from ..registry import registry, tokenizer
 from ..train.examples import Examples, example_rng
 from ..train.training import train
-from . import copying, linear_time, moe, recall, surgery
+from . import copying, delta, linear_time, moe, recall, surgery
 from .plots import figure, require_matplotlib, save_figure
 from .result import ExperimentResult
 
@@ -259,17 +259,19 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "linear-time": linear_time.linear_time,
     "recall": recall.recall,
     "copying": copying.copying,
+    "delta-rule": delta.delta_rule,
     "moe": moe.moe,
     "surgery": surgery.surgery,
 }
 #: Experiments that train through ``seqzoo compare``: their runs stay in the output folder, so an
 #: interrupted one continues where it stopped.
-KEEPS_RUNS = ("recall", "copying", "moe")
+KEEPS_RUNS = ("recall", "copying", "delta-rule", "moe")
 #: Experiments that draw their own picture: name -> (draw(result, fig), (width, height) in inches).
 DRAWERS: dict[str, tuple[Callable, tuple[float, float]]] = {
     "linear-time": (linear_time.draw, (10.5, 4.0)),
     "recall": (recall.draw, (10.0, 4.0)),  # resized to its panels
     "copying": (copying.draw, (10.0, 4.0)),
+    "delta-rule": (delta.draw, (10.0, 4.0)),
     "moe": (moe.draw, (10.0, 4.0)),
     "surgery": (surgery.draw, (10.0, 4.0)),
 }

@@ -63,19 +63,26 @@ QUICK = {"dim": 32, "heads": 2, "hidden": 64, "layers": [2], "keys": 16, "pairs"
          "states": {"mamba": [4]}, "hybrid": False}
 
 
+def design(shape: dict) -> dict:
+    """What every depth of the study shares, as ``every_depth`` takes it: the contenders and the
+    model base per depth, the training, the groups of held-out rows and their x, the metric and the
+    reference (the second study, ``delta``, reads the same)."""
+    pairs, vocab = shape["pairs"], vocabulary(3 + 2 * shape["keys"])
+    task = {"kind": "mqar", "pairs": pairs, "keys": shape["keys"], "length_per_pair": shape["length_per_pair"]}
+    longest = shape["length_per_pair"] * pairs[-1]
+    return {"contenders": lambda layers: contenders(shape, layers),
+            "base": lambda layers: model_base(shape, layers, max_seq_len=longest, vocab_size=vocab),
+            "train": training(shape, task), "groups": [f"N={n}" for n in pairs], "xs": pairs, "metric": "accuracy",
+            "reference": "attention", "checked": None}
+
+
 def recall(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
            workers: int | None = None) -> ExperimentResult:
     """Run (or continue) the study at every depth; the table, the verdicts and the figure's data."""
     shape = QUICK if quick else FULL
     pairs, vocab = shape["pairs"], vocabulary(3 + 2 * shape["keys"])
-    task = {"kind": "mqar", "pairs": pairs, "keys": shape["keys"], "length_per_pair": shape["length_per_pair"]}
-    longest = shape["length_per_pair"] * pairs[-1]
-    done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-recall-"),
-                       lambda layers: contenders(shape, layers),
-                       lambda layers: model_base(shape, layers, max_seq_len=longest, vocab_size=vocab),
-                       training(shape, task), groups=[f"N={n}" for n in pairs], xs=pairs, metric="accuracy",
-                       reference="attention", log=log, threads=torch.get_num_threads(),
-                       workers=workers)
+    done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-recall-"), **design(shape), log=log,
+                       threads=torch.get_num_threads(), workers=workers)
     columns = ["layers", "model", "state floats / layer", "params", "best lr",
                *[f"N={n} ({n * math.log2(shape['keys']):.0f} bits)" for n in pairs], f"N={pairs[-1]} per seed"]
     data = {"pairs": pairs, "depths": done.data, "verdict": done.verdict}

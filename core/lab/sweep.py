@@ -101,11 +101,7 @@ def study(contenders: list[Contender], base: list[str], training: list[str], *, 
     common = {"steps": steps, "overrides": training, "match_params": True, "threads": threads,
               "workers": workers, "log": log}
     swept = compare(arms({c.name: rates for c in contenders}), folder, seeds=seeds[:1], **common)
-    by_name = {run["arm"]: run for run in swept["runs"]}
-    sweep, best = {}, {}
-    for c in contenders:
-        sweep[c.name] = {rate: statistics.fmean(score(by_name[run_name(c, rate)], metric).values()) for rate in rates}
-        best[c.name] = max(rates, key=lambda rate: (sweep[c.name][rate], -by_name[run_name(c, rate)]["eval"]["loss"]))
+    sweep, best = best_rates(contenders, rates, {run["arm"]: run for run in swept["runs"]}, metric)
     final = compare(arms({c.name: [best[c.name]] for c in contenders}), folder, seeds=seeds, **common)
     runs: dict[str, list[dict]] = {c.name: [] for c in contenders}
     parameters = {}
@@ -114,6 +110,18 @@ def study(contenders: list[Contender], base: list[str], training: list[str], *, 
         runs[name].append(run)
         parameters[name] = run["parameters"]
     return {"sweep": sweep, "best": best, "runs": runs, "parameters": parameters}
+
+
+def best_rates(contenders: list[Contender], rates: list[float], by_name: dict[str, dict],
+               metric: str) -> tuple[dict, dict]:
+    """The sweep's reading -> ({name: {rate: mean score over the groups}}, {name: best rate}): the
+    highest mean ``metric``, ties to the lower held-out loss. ``by_name``: the first seed's finished
+    runs by arm name."""
+    sweep, best = {}, {}
+    for c in contenders:
+        sweep[c.name] = {rate: statistics.fmean(score(by_name[run_name(c, rate)], metric).values()) for rate in rates}
+        best[c.name] = max(rates, key=lambda rate: (sweep[c.name][rate], -by_name[run_name(c, rate)]["eval"]["loss"]))
+    return sweep, best
 
 
 def per_group(runs: list[dict], metric: str) -> dict[str, list[float]]:
@@ -140,6 +148,19 @@ def falls(curve: list[float]) -> bool:
     return curve[-1] < curve[0] - CLOSE and all(b <= a + CLOSE for a, b in zip(curve, curve[1:]))
 
 
+def invalid(reference_seeds: list[list[float]], xs: list[int], *, reference: str,
+            checked: list[int] | None = None) -> str | None:
+    """The validity rule: why the table does not count (the reference below SOLVED at a checked x,
+    default every x, in some seed), or None when it does."""
+    failed = [(seed, x, run[xs.index(x)]) for seed, run in enumerate(reference_seeds)
+              for x in (xs if checked is None else checked) if run[xs.index(x)] < SOLVED]
+    if not failed:
+        return None
+    seed, x, value = failed[0]
+    return (f"{reference} reaches {value:.3f} < {SOLVED} at {x} in seed #{seed}: raise the budget; "
+            f"no comparison is reported")
+
+
 def verdict(contenders: list[Contender], means: dict[str, list[float]], reference_seeds: list[list[float]],
             xs: list[int], *, reference: str, checked: list[int] | None = None) -> tuple[str, list[str]]:
     """Apply the pre-registered criteria to one table -> (verdict, the reasons, one line each).
@@ -156,13 +177,9 @@ def verdict(contenders: list[Contender], means: dict[str, list[float]], referenc
       CLOSE of the reference at every x;
     - inconclusive: anything else.
     """
-    checked = xs if checked is None else checked
-    failed = [(seed, x, run[xs.index(x)]) for seed, run in enumerate(reference_seeds) for x in checked
-              if run[xs.index(x)] < SOLVED]
-    if failed:
-        seed, x, value = failed[0]
-        return "invalid", [f"{reference} reaches {value:.3f} < {SOLVED} at {x} in seed #{seed}: raise the budget; "
-                           f"no comparison is reported"]
+    unsolved = invalid(reference_seeds, xs, reference=reference, checked=checked)
+    if unsolved:
+        return "invalid", [unsolved]
     ref = means[reference]
     ssms = [c for c in contenders if c.pure_ssm]
     families = {c.family: sorted((s for s in ssms if s.family == c.family), key=lambda s: s.state) for c in ssms}
