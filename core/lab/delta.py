@@ -135,10 +135,10 @@ def first_study(module, shape: dict, layers: int, folder: str) -> dict:
     run is an InputError that names it."""
     design = module.design(shape)
     who = [c for c in design["contenders"](layers) if c.name == design["reference"] or c.pure_ssm]
-    runs = Path(folder) / f"layers{layers}" / "runs"
+    root = Path(folder) / f"layers{layers}" / "runs"
 
     def read(contender: Contender, rate: float, seed: int) -> dict:
-        path = runs / slug(run_name(contender, rate)) / f"seed{seed}" / "result.json"
+        path = root / slug(run_name(contender, rate)) / f"seed{seed}" / "result.json"
         if not path.exists():
             raise InputError(f"{path}: this run of the first study has not finished; the second study reuses it, so "
                              f"finish the first (seqzoo experiment {module.__name__.rsplit('.', 1)[-1]} -o {folder})")
@@ -149,7 +149,7 @@ def first_study(module, shape: dict, layers: int, folder: str) -> dict:
                              design["metric"])
     found = {c.name: [read(c, best[c.name], seed) for seed in seeds] for c in who}
     return {"who": who, "sweep": sweep, "best": best, "runs": found,
-            "parameters": {name: runs_[0]["parameters"] for name, runs_ in found.items()}}
+            "parameters": {name: runs[0]["parameters"] for name, runs in found.items()}}
 
 
 def delta_rule(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
