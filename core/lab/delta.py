@@ -49,7 +49,7 @@ from .sweep import (
     run_name,
     study,
 )
-from .sweep import state_floats as ssm_floats
+from .sweep import state_floats as ssm_floats  # Mamba's 2C·N, beside this module's own state_floats
 
 #: The key widths of the two state sizes, each with the Mamba d_state it matches in floats: heads of
 #: 32 match d_state 16, heads of 64 d_state 64.

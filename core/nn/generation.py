@@ -118,12 +118,12 @@ def _compiled_decode_step(model: nn.Module):
     linear layer's weight is packed into oneDNN's layout; float32's products stay MKL products on
     the weights as they are) instead of every token (SmolLM2-135M in float32 on an AMD EPYC: 33–36
     -> 42–45 tokens/s in one session's A/B; docs/performance.md). Packed copies live beside the
-    model's own weights while the step is kept. A frozen graph does not see
-    later changes of the weights, so it is kept with their versions (every in-place update, an
-    optimizer step or a load, bumps one) and compiled afresh when they moved. Each model gets a copy of the function
-    with a code object of its own: dynamo's graphs and its recompile limit (8) belong to a code
-    object, so one shared step ran out of graphs after a few models in one process (a benchmark,
-    a server) and silently fell back to eager decoding."""
+    model's own weights while the step is kept. A frozen graph does not see later changes of the
+    weights, so it is kept with their versions (every in-place update, an optimizer step or a load,
+    bumps one) and compiled afresh when they moved. Each model gets a copy of the function with a
+    code object of its own: dynamo's graphs and its recompile limit (8) belong to a code object, so
+    one shared step ran out of graphs after a few models in one process (a benchmark, a server) and
+    silently fell back to eager decoding."""
     versions = tuple((id(p), p._version) for p in model.parameters())
     kept = _COMPILED.get(model)
     if kept is None or kept[0] != versions:
