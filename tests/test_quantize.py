@@ -197,3 +197,23 @@ def test_smollm2_int8_dynamic_top1_agreement_with_float32():
         tokens = generate(model, prompt, 32, eos_id=None)
     assert agreement >= 0.85, float(agreement)
     assert torch.equal(tokens[0, :prompt.shape[1] + 8], greedy[0, :prompt.shape[1] + 8])
+
+
+@pytest.mark.slow  # compiles the decode step twice (~40 s)
+def test_a_compiled_int8_dynamic_generation_sees_its_buffers_changed_since():
+    """int8-dynamic's weights are buffers, not parameters: after only they change in place (another
+    model's codes and scales copied in), the next compiled generation follows them. The decode step
+    is kept while the parameters' versions stay, and inductor's freezing inlines parameters only, so
+    the graph must read the buffers as inputs: a release that froze them too would fail here."""
+    torch.manual_seed(0)
+    model = quantize(seqzoo.build("tiny-llama", device="cpu").eval(), "int8-dynamic")
+    other = quantize(seqzoo.build("tiny-llama", device="cpu").eval(), "int8-dynamic")
+    other.load_state_dict({k: v for k, v in model.state_dict().items() if "weight_" not in k}, strict=False)
+    ids = torch.randint(3, 60, (1, 7))
+    with torch.no_grad():
+        before = generate(model, ids, 12, eos_id=None, compile=True)
+        expected = generate(other, ids, 12, eos_id=None)
+        assert not torch.equal(before, expected)  # the buffers alone move the tokens
+        for name, buffer in model.named_buffers():
+            buffer.copy_(other.get_buffer(name))
+        assert torch.equal(generate(model, ids, 12, eos_id=None, compile=True), expected)

@@ -120,10 +120,11 @@ def _compiled_decode_step(model: nn.Module):
     -> 42–45 tokens/s in one session's A/B; docs/performance.md). Packed copies live beside the
     model's own weights while the step is kept. A frozen graph does not see later changes of the
     weights, so it is kept with their versions (every in-place update, an optimizer step or a load,
-    bumps one) and compiled afresh when they moved. Each model gets a copy of the function with a
-    code object of its own: dynamo's graphs and its recompile limit (8) belong to a code object, so
-    one shared step ran out of graphs after a few models in one process (a benchmark, a server) and
-    silently fell back to eager decoding."""
+    bumps one) and compiled afresh when they moved. Freezing inlines parameters only: buffers (an
+    int8-dynamic layer's codes and scales) stay inputs of the graph, read afresh every step. Each
+    model gets a copy of the function with a code object of its own: dynamo's graphs and its
+    recompile limit (8) belong to a code object, so one shared step ran out of graphs after a few
+    models in one process (a benchmark, a server) and silently fell back to eager decoding."""
     versions = tuple((id(p), p._version) for p in model.parameters())
     kept = _COMPILED.get(model)
     if kept is None or kept[0] != versions:
