@@ -57,6 +57,21 @@ def test_the_probe_is_measured_once_per_machine_width_and_thread_count(rates, tm
     assert rates.calls == 4
 
 
+def test_a_process_with_capped_instructions_measures_for_itself(rates, monkeypatch):
+    """ONEDNN_MAX_CPU_ISA / MKL_ENABLE_INSTRUCTIONS change the rates on the same processor (a capped
+    run is how a CPU without bfloat16 instructions is imitated): it neither reads nor overwrites
+    the uncapped rates."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    rates["bfloat16"] = 7e11
+    assert resolve("auto", CPU, 128).dtype_name == "bfloat16"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    rates["bfloat16"] = 2e9
+    assert resolve("auto", CPU, 128).dtype_name == "float32" and rates.calls == 4
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert resolve("auto", CPU, 128).dtype_name == "bfloat16" and rates.calls == 4  # both kept apart
+
+
 def test_the_probe_measures_the_models_own_width():
     from seqzoo.train.precision import model_width
 

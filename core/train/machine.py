@@ -43,11 +43,20 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+#: The environment variables that cap the instructions oneDNN and MKL may use: a capped process
+#: multiplies at another rate on the same processor (bfloat16 under ``ONEDNN_MAX_CPU_ISA=AVX2`` ran
+#: 85× slower than uncapped on an AMD EPYC with ``avx512_bf16``), so its measurements are its own.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def measurement_key(what: str, device: torch.device, dtype: torch.dtype) -> str:
-    """``what`` on this processor, in ``dtype``, at this thread count (CPU) under this torch."""
+    """``what`` on this processor, in ``dtype``, at this thread count (CPU) under this torch, and
+    under the instruction-set caps set in the environment (``ISA_CAPS``), if any."""
     threads = f"threads={torch.get_num_threads()}" if device.type == "cpu" else device.type
     dtype_name = str(dtype).removeprefix("torch.")
-    return f"{what} | {device_name(device)} | {dtype_name} | {threads} | torch {torch.__version__}"
+    caps = "".join(f" | {name}={os.environ[name]}" for name in ISA_CAPS
+                   if device.type == "cpu" and os.environ.get(name))
+    return f"{what} | {device_name(device)} | {dtype_name} | {threads} | torch {torch.__version__}{caps}"
 
 
 def cached(key: str, measure: Callable[[], float]) -> float:
