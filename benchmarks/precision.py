@@ -12,12 +12,17 @@ and the fused loss under the autocast context, the backward outside it, gradient
 AdamW, float32 master weights in both. The two alternate within each round, in an order that flips
 every round, so a slow moment of the machine falls on both; the table gives medians after warm-up.
 The probe's two matrix-product rates (``seqzoo.train.precision``) are printed beside them, with
-the CPU's model and its bfloat16 flags. Run it alone: another process moves every number.
+the CPU's model, its bfloat16 flags and the instruction-set caps in force. Run it alone: another
+process moves every number. A CPU without bfloat16 instructions is imitated on one that has them by
+capping oneDNN and MKL at its instruction set:
+
+    ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/precision.py ...
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -27,7 +32,7 @@ import torch
 
 import seqzoo
 from seqzoo.config import TrainConfig
-from seqzoo.train.machine import device_name
+from seqzoo.train.machine import ISA_CAPS, device_name
 from seqzoo.train.optimization import optimizer_for
 from seqzoo.train.precision import autocast_for, cpu_flags, model_width, probe, resolve
 
@@ -69,7 +74,9 @@ def measure(rounds: int, warmup: int, batch: int, seq_len: int, overrides: list[
                 times[name].append(took)
     medians = {name: statistics.median(values) for name, values in times.items()}
     chosen = probe(torch.device("cpu"), model_width(runs["float32"][0]))
-    return {"cpu": device_name(torch.device("cpu")), "flags": cpu_flags(), "threads": torch.get_num_threads(),
+    caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
+    return {"cpu": device_name(torch.device("cpu")), "flags": cpu_flags(), "caps": caps,
+            "threads": torch.get_num_threads(),
             "torch": torch.__version__, "batch": batch, "seq_len": seq_len, "rounds": rounds, "warmup": warmup,
             "overrides": [*SIZE, *overrides], "medians": medians, "speedup": medians["float32"] / medians["bfloat16"],
             "probe": {"float32": chosen.rates["float32"], "bfloat16": chosen.rates["bfloat16"],
@@ -78,7 +85,9 @@ def measure(rounds: int, warmup: int, batch: int, seq_len: int, overrides: list[
 
 def table(result: dict) -> str:
     probe_rates = result["probe"]
-    lines = [f"{result['cpu']} ({', '.join(result['flags']) or 'no bfloat16 flags'}), {result['threads']} thread(s), "
+    flags = ", ".join(result["flags"]) or "no bfloat16 flags"
+    caps = "".join(f", capped at {name}={value}" for name, value in result["caps"].items())
+    lines = [f"{result['cpu']} ({flags}{caps}), {result['threads']} thread(s), "
              f"torch {result['torch']}; batch {result['batch']} × {result['seq_len']} tokens; medians of "
              f"{result['rounds']} interleaved rounds (after {result['warmup']} warm-up)",
              "| precision | whole step (ms) |", "|---|---|"]

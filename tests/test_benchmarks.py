@@ -57,6 +57,23 @@ def test_optimizer_benchmark_runs(tmp_path):
     assert "Muon's whole step / AdamW's" in out.stdout
 
 
+def test_precision_benchmark_runs_and_records_the_instruction_set_caps(tmp_path):
+    import os
+
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "precision.py"), "--rounds", "1", "--warmup", "0",
+                          "--batch", "2", "--seq-len", "16", "--set", "model.layers=1", "--set", "model.dim=64",
+                          "--set", "model.attention.heads=2", "--set", "model.attention.kv_heads=1",
+                          "--set", "model.ffn.hidden=128", "--json", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**{k: v for k, v in os.environ.items() if "ISA" not in k},
+                              "SEQZOO_CACHE_DIR": str(tmp_path), "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert set(result["medians"]) == {"float32", "bfloat16"} and result["probe"]["auto"] in ("float32", "bfloat16")
+    assert result["caps"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert "capped at MKL_ENABLE_INSTRUCTIONS=AVX2" in out.stdout
+
+
 @pytest.mark.slow  # a minute or more of the suite's ten: the benchmark scripts' smoke runs
 def test_startup_benchmark_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "startup.py"), "--runs", "1", "--no-example"],
