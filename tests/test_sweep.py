@@ -118,3 +118,39 @@ def test_tabulate_reads_the_control_only_when_the_table_is_valid():
     assert [r[:2] for r in rows] == [["attention", "KV cache"], ["mamba N=16", 2048], ["mamba N=16 mimetic", 2048]]
     data, _ = tabulate(who, found([1.0, 1.0, 1.0, 1.0, 0.5]), groups, "accuracy", XS, dim=64, reference="attention")
     assert data["verdict"] == "invalid" and not any("mimetic" in r for r in data["reasons"])
+
+
+def test_the_committed_study_runs_are_the_runs_this_seqzoo_plans():
+    """docs/experiments.md's tables are rebuilt from the committed runs by the same command that
+    trains them, at whatever commit runs it; a run whose stored recipe differs from the one planned
+    now would be thrown away and trained again (``compare._prepare_folder``). So every committed
+    recipe.yaml under docs/experiments/{recall,copying} must be the planned run's, once resolved:
+    a change to the studies' shapes, bases or defaults fails here, not after hours of retraining."""
+    from pathlib import Path
+
+    import yaml
+
+    from seqzoo.lab import copying, recall
+    from seqzoo.lab.compare import Arm, _same_recipe, plan
+    from seqzoo.lab.sweep import run_name
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
+    checked = 0
+    for name, module in (("recall", recall), ("copying", copying)):
+        shape, design = module.FULL, module.design(module.FULL)
+        for layers in shape["layers"]:
+            stored = sorted((root / name / f"layers{layers}" / "runs").glob("*/seed*/recipe.yaml"))
+            if not stored:
+                continue
+            arms = [Arm(run_name(c, rate), "tiny-llama", (*design["base"](layers), *c.overrides, f"train.lr={rate}"))
+                    for c in design["contenders"](layers) for rate in shape["rates"]]
+            planned = {run.folder / "recipe.yaml": run.recipe
+                       for run in plan(arms, root / name / f"layers{layers}", steps=shape["steps"],
+                                       seeds=shape["seeds"], overrides=design["train"], match_params=True,
+                                       log=lambda _: None).runs}
+            for path in stored:
+                assert path in planned, f"{path}: a committed run that the study no longer plans"
+                assert _same_recipe(yaml.safe_load(path.read_text(encoding="utf-8")), planned[path]), \
+                    f"{path}: its recipe is not the one the study plans now; the study would train it again"
+                checked += 1
+    assert checked >= 48  # 21 recall and 27 copying recipes were committed when this test was written
