@@ -37,11 +37,13 @@ def test_every_shipped_recipe_builds_on_meta(name):
 
 
 def test_tiny_gpt_builds_and_runs_well_under_a_second():
-    start = time.perf_counter()
+    # CPU seconds of this process, not wall time: a suite run beside other work (a study, a
+    # benchmark) is descheduled for seconds at a time, which says nothing about the build
+    start = time.process_time()
     model = seqzoo.build("tiny-gpt", device="cpu")
     with torch.no_grad():
         logits = model(torch.randint(0, 259, (1, 32)))
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert logits.shape == (1, 32, 259)
     assert 100_000 < count(model) < 1_000_000
 
