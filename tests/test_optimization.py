@@ -56,6 +56,23 @@ def test_what_a_part_declares_its_own_and_non_matrices_train_with_adamw(recipe, 
     assert hidden and "embed.weight" not in hidden
 
 
+def test_stacked_weights_are_reported_with_their_blocks_and_a_wrong_sum_is_refused():
+    model = seqzoo.build("tiny-llama", device="meta")
+    attention = model.decoder.blocks[0].mixer
+    h, k, d = attention.heads, attention.kv_heads, attention.head_dim
+    found = trained_parameters(model).stacked
+    assert found == {id(b.mixer.qkv_proj.weight): (h * d, k * d, k * d) for b in model.decoder.blocks}
+    mamba2 = seqzoo.build("tiny-mamba2", device="meta")
+    mixer = mamba2.decoder.blocks[0].mixer
+    blocks = trained_parameters(mamba2).stacked[id(mixer.in_proj.weight)]
+    assert blocks == (mixer.inner, mixer.inner, mixer.groups * mixer.state_size, mixer.groups * mixer.state_size,
+                      mixer.heads)
+    attention.stacked_rows = {"qkv_proj.weight": (h * d, k * d)}
+    with pytest.raises(TrainingError, match=r"AttentionMixer \(decoder.blocks.0.mixer\) declares qkv_proj.weight "
+                                            r"as blocks of \[.*\] rows, and it has .*: its stacked_rows must add up"):
+        trained_parameters(model)
+
+
 def test_muon_builds_three_groups_from_a_model():
     model = seqzoo.build("tiny-gpt", device="cpu")
     optimizer = optimizer_for(model, TrainConfig(optimizer="muon", weight_decay=0.1))

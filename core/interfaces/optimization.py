@@ -26,14 +26,16 @@ class TrainedParameters:
     shaped like matrices that are not weights). hidden: the decayed 2-D matrices inside the model's
     layers (``Model.shard_units``), embedding tables excepted — the hidden matrices Muon
     orthogonalises; the embeddings, the LM head, a pooler, convolution kernels (3-D), stacked
-    experts (3-D) and whatever a part exempts from decay are not among them. names: each
-    parameter's name by ``id``, for messages.
+    experts (3-D) and whatever a part exempts from decay are not among them. stacked: the row
+    counts of the matrices a hidden matrix stacks (a part's ``stacked_rows``: [q | k | v] in one
+    weight), by ``id``. names: each parameter's name by ``id``, for messages.
     """
 
     decayed: tuple[Tensor, ...]
     undecayed: tuple[Tensor, ...]
     hidden: tuple[Tensor, ...] = ()
     names: dict[int, str] = field(default_factory=dict)
+    stacked: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def groups(self, weight_decay: float, *, leave_out: tuple[Tensor, ...] = ()) -> list[dict]:
         """The two weight-decay groups every optimizer starts from: the decayed tensors at

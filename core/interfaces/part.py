@@ -39,3 +39,9 @@ class Part(nn.Module):
     #: They are the part's own, not weights: an optimizer that treats hidden matrices apart (Muon)
     #: leaves them, whatever their shape, to AdamW (``seqzoo.interfaces.TrainedParameters``).
     no_weight_decay: ClassVar[tuple[str, ...]] = ()
+    #: Weights that stack the rows of several matrices for one product where the math has several
+    #: (``{"qkv_proj.weight": (H·D, K·D, K·D)}``: [q | k | v]), with each matrix's row count in
+    #: order. An optimizer that treats a matrix as a whole (Muon orthogonalises it) treats each
+    #: block as its own matrix, as it would the separate projections of transformers or
+    #: torchtitan. Sizes depend on the instance: a part assigns it in its constructor.
+    stacked_rows: ClassVar[dict[str, tuple[int, ...]]] = {}

@@ -173,8 +173,10 @@ class MultiHeadAttention(Mixer):
         if cross:
             self.q_proj = Linear(dim, h * d, bias=bias)
             self.kv_proj = Linear(memory_dim or dim, 2 * k * d, bias=bias)
+            self.stacked_rows = {"kv_proj.weight": (k * d, k * d)}
         else:
             self.qkv_proj = Linear(dim, (h + 2 * k) * d, bias=bias)
+            self.stacked_rows = {"qkv_proj.weight": (h * d, k * d, k * d)}
         self.out_proj = Linear(h * d, dim, bias=bias if config.out_bias is None else config.out_bias)
         # Qwen3-Next's query projection is twice as wide, [q | g] per head; a projection of its own
         # gives the same products and keeps the fused q/k/v layout every other family shares.

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load, save
 from torch import Tensor, nn
 
+from ..interfaces import Part
 from ..io.build import build
 from ..nn.generation import CausalSession, generate
 
@@ -38,6 +39,22 @@ def state_dict_round_trip(make: Callable[[], nn.Module], run: Callable[[nn.Modul
     b = run(second.eval())
     if not torch.equal(a, b):
         raise AssertionError("a fresh instance loaded with the saved state_dict gives different outputs")
+
+
+def stacked_rows_add_up(module: nn.Module) -> None:
+    """Every part's ``stacked_rows`` names a 2-D parameter of its own whose rows its blocks add up to."""
+    for path, part in module.named_modules():
+        if not isinstance(part, Part):
+            continue
+        weights = dict(part.named_parameters())
+        for name, sizes in part.stacked_rows.items():
+            weight = weights.get(name)
+            if weight is None or weight.dim() != 2:
+                raise AssertionError(f"{path or type(part).__name__}: stacked_rows names {name}, which is not a "
+                                     f"matrix of its own")
+            if sum(sizes) != weight.shape[0] or min(sizes) < 1:
+                raise AssertionError(f"{path or type(part).__name__}: stacked_rows gives {name} blocks of "
+                                     f"{list(sizes)} rows, and it has {weight.shape[0]}")
 
 
 def check_dtypes(make: Callable[[], nn.Module], run: Callable[[nn.Module, torch.dtype], Tensor]) -> None:

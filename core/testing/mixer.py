@@ -27,6 +27,7 @@ from ._shared import (
     check_dtypes,
     gradcheck,
     spec,
+    stacked_rows_add_up,
     state_dict_round_trip,
 )
 
@@ -72,7 +73,7 @@ def checks(name: str, params: dict) -> dict[str, Callable[[], None]]:
     """Token mixers: (B, T, C) -> (B, T, C), causal, and decoding piece by piece through their
     state (left-padded rows included, rows reordered midway) equal to the full forward; a
     ``causal_only`` mixer's ``LONG`` tokens without autograd (in segments, for seqzoo's) equal to
-    the same with autograd (``segments_equivalence``)."""
+    the same with autograd (``segments_equivalence``); declared ``stacked_rows`` that add up."""
     make = lambda: registry().create("mixer", spec(name, params), C)  # noqa: E731
     length = 9
     x = torch.randn(B, length, C)
@@ -132,8 +133,12 @@ def checks(name: str, params: dict) -> dict[str, Callable[[], None]]:
     def long_without_autograd() -> None:
         segments_equivalence(make().eval(), length=LONG, pad=0)
 
+    def stacked_rows() -> None:
+        stacked_rows_add_up(make())
+
     named = {"shapes": shapes, "causality": causality, "decode_steps": decode_steps, "left_padding": left_padding,
-             "state_reorder": state_reorder, "dtypes": dtypes, "gradients": gradients, "state_dict": state_dict}
+             "state_reorder": state_reorder, "dtypes": dtypes, "gradients": gradients, "state_dict": state_dict,
+             "stacked_rows": stacked_rows}
     if registry().get("mixer", name).cls.causal_only:  # a recurrence: its long inputs may run in segments
         named["long_without_autograd"] = long_without_autograd
     return named

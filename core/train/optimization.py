@@ -8,7 +8,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..errors import TrainingError
-from ..interfaces import Model, Schedule, TrainedParameters, UpdateRule
+from ..interfaces import Model, Part, Schedule, TrainedParameters, UpdateRule
 from ..registry import registry
 from .distributed import undecayed
 
@@ -27,10 +27,30 @@ def trained_parameters(model: nn.Module) -> TrainedParameters:
         for module in layer.modules():
             if not isinstance(module, nn.Embedding):  # a table read by index, not a matrix product
                 inside.update(id(p) for p in module.parameters(recurse=False) if id(p) in candidates)
+    hidden = tuple(p for p in decayed if id(p) in inside)
     return TrainedParameters(decayed=tuple(decayed),
                              undecayed=tuple(p for _, p in trained if p.dim() < 2 or id(p) in exempt),
-                             hidden=tuple(p for p in decayed if id(p) in inside),
-                             names={id(p): name for name, p in trained})
+                             hidden=hidden, names={id(p): name for name, p in trained},
+                             stacked=stacked_rows(model, {id(p) for p in hidden}))
+
+
+def stacked_rows(model: nn.Module, hidden: set[int]) -> dict[int, tuple[int, ...]]:
+    """The row blocks of the ``hidden`` matrices (ids) that parts declare in ``stacked_rows``, by
+    id; a declaration whose blocks do not add up to its weight's rows is a TrainingError."""
+    found = {}
+    for path, module in model.named_modules():
+        if not isinstance(module, Part):
+            continue
+        weights = dict(module.named_parameters())  # a weight that is no parameter (quantized) is none of these
+        for name, sizes in module.stacked_rows.items():
+            weight = weights.get(name)
+            if weight is None or id(weight) not in hidden:
+                continue
+            if sum(sizes) != weight.shape[0] or min(sizes) < 1:
+                raise TrainingError(f"{type(module).__name__} ({path}) declares {name} as blocks of {list(sizes)} "
+                                    f"rows, and it has {weight.shape[0]}: its stacked_rows must add up to them")
+            found[id(weight)] = tuple(sizes)
+    return found
 
 
 def spec_name(spec: str | dict) -> str:

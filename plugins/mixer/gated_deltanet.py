@@ -71,6 +71,8 @@ class GatedDeltaNet(DeltaRuleMixer):
         keys, values = heads * self.head_dim, value_heads * self.value_head_dim
         self.sizes = [2 * keys + values, values, value_heads, value_heads if gate else 0]  # [q|k|v], z, b, a
         self.in_proj = Linear(dim, sum(self.sizes), bias=False)
+        blocks = (keys, keys, values, values, value_heads, value_heads if gate else 0)  # q, k, v, z, b, a
+        self.stacked_rows = {"in_proj.weight": tuple(rows for rows in blocks if rows)}
         self.conv1d = nn.Conv1d(self.sizes[0], self.sizes[0], conv, groups=self.sizes[0], bias=conv_bias)
         if gate:
             self.A_log, self.dt_bias = decay_parameters(value_heads, value_heads, dt_min, dt_max)

@@ -98,6 +98,7 @@ class GLA(Mixer):
         keys, values = heads * self.head_dim, heads * self.value_head_dim
         self.sizes = [keys, keys, values, values, gate_rank if decay == "channel" else 0]  # q, k, v, z, r
         self.in_proj = Linear(dim, sum(self.sizes), bias=False)
+        self.stacked_rows = {"in_proj.weight": tuple(rows for rows in self.sizes if rows)}
         if decay == "channel":
             self.gk_proj = Linear(gate_rank, keys, bias=True)
         else:  # −λ_h, kept as numbers: a buffer would follow the model into bfloat16

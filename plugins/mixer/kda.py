@@ -63,6 +63,7 @@ class KDA(DeltaRuleMixer):
         inner = heads * self.head_dim
         self.sizes = [3 * inner, self.rank, heads, self.rank]  # [q|k|v], f (decay), b (β), r (output gate)
         self.in_proj = Linear(dim, sum(self.sizes), bias=False)
+        self.stacked_rows = {"in_proj.weight": (inner, inner, inner, *self.sizes[1:])}
         self.conv1d = nn.Conv1d(3 * inner, 3 * inner, conv, groups=3 * inner, bias=conv_bias)
         self.f_b_proj = Linear(self.rank, inner, bias=False)
         self.A_log, self.dt_bias = decay_parameters(heads, inner, dt_min, dt_max)

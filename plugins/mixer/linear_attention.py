@@ -73,6 +73,7 @@ class LinearAttention(Mixer):
         self.register_buffer("log_decay", torch.tensor([math.log(g) for g in gammas]), persistent=False)
         inner = self.heads * self.head_dim
         self.qkv_proj = Linear(dim, 3 * inner, bias=bias)
+        self.stacked_rows = {"qkv_proj.weight": (inner, inner, inner)}
         self.out_proj = Linear(inner, dim, bias=bias)
 
     def new_state(self, batch: int, max_len: int, *, device: torch.device | None = None,

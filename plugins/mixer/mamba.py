@@ -65,6 +65,7 @@ class Mamba(Mixer):
         self.chunk, self.bcdt_norm_eps = chunk, bcdt_norm_eps
         inner = self.inner
         self.in_proj = Linear(dim, 2 * inner, bias=bias)
+        self.stacked_rows = {"in_proj.weight": (inner, inner), "x_proj.weight": (self.dt_rank, state, state)}
         self.conv1d = nn.Conv1d(inner, inner, conv, groups=inner, bias=conv_bias)
         self.x_proj = Linear(inner, self.dt_rank + 2 * state, bias=False)
         self.dt_proj = Linear(self.dt_rank, inner, bias=True)

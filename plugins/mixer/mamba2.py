@@ -63,6 +63,7 @@ class Mamba2(Mixer):
         self.dt_limit = tuple(dt_limit) if dt_limit is not None else None
         self.conv_dim = inner + 2 * groups * state
         self.in_proj = Linear(dim, inner + self.conv_dim + self.heads, bias=bias)
+        self.stacked_rows = {"in_proj.weight": (inner, inner, groups * state, groups * state, self.heads)}
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv, groups=self.conv_dim, bias=conv_bias)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, self.heads + 1, dtype=torch.float32)))
         self.D = nn.Parameter(torch.ones(self.heads))

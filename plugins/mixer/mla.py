@@ -73,6 +73,7 @@ class LatentAttention(Mixer):
             self.q_a_norm = torch.nn.RMSNorm(q_lora_rank, eps=norm_eps)
             self.q_b_proj = Linear(q_lora_rank, h * qk, bias=False)
         self.kv_a_proj = Linear(dim, kv_lora_rank + self.rope, bias=bias)
+        self.stacked_rows = {"kv_a_proj.weight": (kv_lora_rank, self.rope)} if self.rope else {}
         self.kv_a_norm = torch.nn.RMSNorm(kv_lora_rank, eps=norm_eps) if latent_norm else torch.nn.Identity()
         self.kv_b_proj = Linear(kv_lora_rank, h * (self.nope + self.value), bias=False)
         self.out_proj = Linear(h * self.value, dim, bias=bias)

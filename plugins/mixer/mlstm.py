@@ -93,6 +93,7 @@ class MLSTM(Mixer):
         keys, values = heads * self.head_dim, heads * self.value_head_dim
         self.sizes = [keys, keys, values, values]
         self.qkvo_proj = Linear(dim, sum(self.sizes), bias=bias)
+        self.stacked_rows = {"qkvo_proj.weight": tuple(self.sizes)}
         self.if_proj = Linear(dim, 2 * heads, bias=True)
         with torch.no_grad():
             self.if_proj.weight.zero_()

@@ -42,6 +42,7 @@ class ShortConv(Mixer):
         super().__init__(dim)
         self.kernel = conv
         self.in_proj = Linear(dim, 3 * dim, bias=bias)  # rows [B | C | x], as LFM2's in_proj
+        self.stacked_rows = {"in_proj.weight": (dim, dim, dim)}
         self.conv1d = nn.Conv1d(dim, dim, conv, groups=dim, bias=conv_bias)
         self.out_proj = Linear(dim, dim, bias=bias)
 

@@ -1,6 +1,7 @@
 """The ``muon`` optimizer: torch's Muon on the hidden matrices and torch's AdamW on the rest, bit for
 bit against the two classes stepped side by side; one step against the Newton–Schulz iteration and
-the match_rms_adamw scale written out; its options (matrix_lr, adjust_lr) and refusals."""
+the match_rms_adamw scale written out; a stacked weight ([q | k | v]) stepped as its blocks would be
+apart; its options (matrix_lr, adjust_lr, split_stacked) and refusals."""
 from __future__ import annotations
 
 import math
@@ -49,6 +50,57 @@ def test_steps_equal_torchs_muon_and_adamw_side_by_side(steps):
             part.step()
     for ours, theirs in zip(params, (hidden, table, bias)):
         assert torch.equal(ours, theirs)
+
+
+ROWS = (4, 2, 1)  # a stacked weight's blocks: [q | k | v] of a GQA projection, shrunk
+
+
+def stacked_problem():
+    """A (7, 3) weight that stacks three matrices of ``ROWS`` rows, and the same three apart."""
+    torch.manual_seed(5)
+    whole = torch.nn.Parameter(torch.randn(7, 3))
+    apart = [torch.nn.Parameter(block.detach().clone()) for block in whole.detach().split(ROWS)]
+    return whole, apart, [torch.randn(7, 3) for _ in range(3)]
+
+
+@pytest.mark.parametrize("adjust", ["match_rms_adamw", "original"])
+def test_a_stacked_weight_steps_as_its_blocks_would_apart(adjust):
+    """Each block is orthogonalised and its rate scaled by its own shape: bit for bit the three
+    matrices under torch's Muon, with one momentum buffer of the whole weight's shape (a checkpoint
+    as torch's Muon keeps it)."""
+    whole, apart, grads = stacked_problem()
+    params = TrainedParameters((whole,), (), (whole,), stacked={id(whole): ROWS})
+    ours = muon(adjust_lr=adjust).build(params, lr=LR, weight_decay=DECAY, betas=BETAS)
+    theirs = torch.optim.Muon(apart, lr=LR, weight_decay=DECAY, adjust_lr_fn=adjust)
+    for grad in grads:
+        whole.grad = grad.clone()
+        for param, block in zip(apart, grad.split(ROWS)):
+            param.grad = block.clone()
+        ours.step()
+        theirs.step()
+    assert torch.equal(whole.detach(), torch.cat([p.detach() for p in apart]))
+    buffers = [state["momentum_buffer"] for state in ours.state_dict()["state"].values() if "momentum_buffer" in state]
+    assert [b.shape for b in buffers] == [(7, 3)]
+
+
+def test_split_stacked_false_steps_the_stack_whole_as_torchs_muon():
+    whole, _, grads = stacked_problem()
+    twin = torch.nn.Parameter(whole.detach().clone())
+    params = TrainedParameters((whole,), (), (whole,), stacked={id(whole): ROWS})
+    ours = muon(split_stacked=False).build(params, lr=LR, weight_decay=DECAY, betas=BETAS)
+    theirs = torch.optim.Muon([twin], lr=LR, weight_decay=DECAY, adjust_lr_fn="match_rms_adamw")
+    for grad in grads:
+        whole.grad, twin.grad = grad.clone(), grad.clone()
+        ours.step()
+        theirs.step()
+    assert torch.equal(whole.detach(), twin.detach())
+    split = torch.nn.Parameter(twin.detach().clone())  # from the same start, one step each way
+    for flag, param in ((True, split), (False, twin)):
+        step = muon(split_stacked=flag).build(TrainedParameters((param,), (), (param,), stacked={id(param): ROWS}),
+                                              lr=LR, weight_decay=DECAY, betas=BETAS)
+        param.grad = grads[0].clone()
+        step.step()
+    assert not torch.equal(split.detach(), twin.detach())  # the two are different steps
 
 
 def newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
