@@ -88,8 +88,9 @@ class StackedMuon(torch.optim.Muon):
         super().__init__(params, **options)
         self.stacked = stacked
 
-    def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs) -> bool:
-        has_complex = super()._init_group(group, params_with_grad, grads, muon_momentum_bufs)
+    def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs, *args, **kwargs) -> bool:
+        # torch's hook that gathers each step's tensors; later arguments (a newer torch's) pass through
+        has_complex = super()._init_group(group, params_with_grad, grads, muon_momentum_bufs, *args, **kwargs)
         if self.stacked:
             whole = list(zip(params_with_grad, grads, muon_momentum_bufs))
             for target in (params_with_grad, grads, muon_momentum_bufs):
