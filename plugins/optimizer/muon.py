@@ -23,8 +23,9 @@ weight, its gradient and its momentum, so the state and a checkpoint are as torc
 
 The learning rate: one ``train.lr`` for both parts, Muon's update rescaled by 0.2·√max(A, B) so
 that its RMS matches AdamW's (``adjust_lr: match_rms_adamw``, Liu et al.'s rule). So lr, weight
-decay and the schedule keep their AdamW meaning in both parts, a recipe tuned for AdamW is a fair
-start, and a sweep tunes one rate. Keller Jordan's own rule (``adjust_lr: original``,
+decay and the schedule keep their AdamW meaning in both parts, and a recipe tuned for AdamW is a
+fair start — not the optimum: in short runs at small batch Muon's best rate was several times
+AdamW's (docs/training.md, "Muon's learning rate"). Keller Jordan's own rule (``adjust_lr: original``,
 √max(1, A/B)) wants a rate about 0.02 on the matrices: set ``matrix_lr`` for it.
 """
 from __future__ import annotations
