@@ -46,9 +46,11 @@ def stacked_rows_add_up(module: nn.Module) -> None:
     for path, part in module.named_modules():
         if not isinstance(part, Part):
             continue
-        weights = dict(part.named_parameters())
         for name, sizes in part.stacked_rows.items():
-            weight = weights.get(name)
+            try:
+                weight = part.get_parameter(name)
+            except AttributeError:
+                weight = None
             if weight is None or weight.dim() != 2:
                 raise AssertionError(f"{path or type(part).__name__}: stacked_rows names {name}, which is not a "
                                      f"matrix of its own")

@@ -41,10 +41,12 @@ def stacked_rows(model: nn.Module, hidden: set[int]) -> dict[int, tuple[int, ...
     for path, module in model.named_modules():
         if not isinstance(module, Part):
             continue
-        weights = dict(module.named_parameters())  # a weight that is no parameter (quantized) is none of these
         for name, sizes in module.stacked_rows.items():
-            weight = weights.get(name)
-            if weight is None or id(weight) not in hidden:
+            try:
+                weight = module.get_parameter(name)
+            except AttributeError:  # wrapped or quantized since (a LoRA layer, int8 buffers): not trained whole
+                continue
+            if id(weight) not in hidden:
                 continue
             if sum(sizes) != weight.shape[0] or min(sizes) < 1:
                 raise TrainingError(f"{type(module).__name__} ({path}) declares {name} as blocks of {list(sizes)} "
