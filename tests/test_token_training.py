@@ -65,6 +65,23 @@ def test_a_killed_run_resumed_gives_the_same_loss_curve_bit_for_bit(shards, tmp_
     assert [line["step"] for line in lines] == list(range(1, 13))  # one line a step, none twice
 
 
+def test_a_run_resumed_from_a_save_between_log_lines_counts_every_token(shards, tmp_path):
+    """A periodic save (or Ctrl-C) can fall between two log lines. The checkpoint keeps the tokens
+    and seconds trained up to its own step, so the resumed run counts the tokens the uninterrupted
+    run counts, and its clock goes on from the checkpoint's, not from the last logged line's."""
+    cfg = config(shards, log_every=4, save_every=3, keep=2)
+    whole = fresh()
+    uninterrupted = train(whole, cfg, seqzoo.tokenizer(whole), quiet=True)
+    part = fresh()
+    first = train(part, cfg, seqzoo.tokenizer(part), output=str(tmp_path / "run.safetensors"), until=5, quiet=True)
+    step3 = tmp_path / "run.step0000003.safetensors"  # the periodic save at step 3, before the first log line
+    again = seqzoo.load(step3)
+    resumed = train(again, cfg, seqzoo.tokenizer(again), resume=str(step3), quiet=True)
+    assert [h["step"] for h in resumed.history] == [4, 8, 12]
+    assert [h["tokens"] for h in resumed.history] == [h["tokens"] for h in uninterrupted.history]
+    assert resumed.history[0]["seconds"] > first.history[0]["seconds"] * 3 / 5  # steps 1-3 are counted
+
+
 def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss and the gradients of one training step (an optimizer that does not move)."""
     from seqzoo.train.distributed import Distributed

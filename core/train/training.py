@@ -95,7 +95,7 @@ class RunResult:
 @dataclass
 class Position:
     """Where a run stands: optimizer steps done, stream rows read (``consumed``, what a token task
-    needs to continue), tokens trained on and seconds spent training (evaluation excluded)."""
+    needs to continue), tokens trained on and seconds spent training (evaluation and saving excluded)."""
 
     step: int = 0
     consumed: int = 0
@@ -254,12 +254,16 @@ def _loop(run: Run, last: int, report: _Report, stop: _StopRequests, on_log: Cal
                 run.model.train()
             window_start, window_tokens = time.perf_counter(), 0
         report.bar.update(1)
-        if run.output and config.save_every and at.step % config.save_every == 0 and at.step != last:
+        periodic = bool(config.save_every) and at.step % config.save_every == 0 and at.step != last
+        if run.output and (periodic or stop.requested):
+            # A save can fall between two log lines: count the steps since the last one, so that the
+            # checkpoint (and a run resumed from it) holds the tokens and seconds trained up to here.
+            # Like evaluation, saving is not training time.
+            at.seconds, at.tokens = at.seconds + time.perf_counter() - window_start, at.tokens + int(window_tokens)
             _save(run)
+            window_start, window_tokens = time.perf_counter(), 0
         if stop.requested:
             where = f"; {run.output} holds step {at.step}, continue with --resume {run.output}" if run.output else ""
-            if run.output:
-                _save(run)
             raise TrainingInterrupted(f"interrupted after step {at.step}{where}")
 
 
@@ -443,7 +447,8 @@ def _save(run: Run, *, keep: bool = True, weights_only: bool = False, output: st
     if torch.cuda.is_available():
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     data = {"consumed": run.at.consumed, "identity": run.task.identity() if isinstance(run.task, TokenTask) else ""}
-    meta = {"step": run.at.step, "config": asdict(config), "history": run.history, "data": data, **settings}
+    meta = {"step": run.at.step, "tokens": run.at.tokens, "seconds": run.at.seconds, "config": asdict(config),
+            "history": run.history, "data": data, **settings}
     save(run.base, output, state=weights, extra_tensors=tensors,
          extra_metadata={"seqzoo.train": json.dumps(meta, default=str)})
     if keep and config.keep > 1:
@@ -493,4 +498,6 @@ def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task:
     config = meta.get("config", {})
     # Checkpoints written before the position was kept read their rows at the old batch size.
     consumed = int(data.get("consumed", step * config.get("batch_size", 0) * config.get("accumulate", 1)))
-    return Position(step, consumed, int(last.get("tokens", 0)), float(last.get("seconds", 0.0))), history
+    # Checkpoints written before the counts were kept: the last logged line's.
+    tokens, seconds = meta.get("tokens", last.get("tokens", 0)), meta.get("seconds", last.get("seconds", 0.0))
+    return Position(step, consumed, int(tokens), float(seconds)), history
