@@ -29,7 +29,7 @@ import torch
 
 import seqzoo
 from seqzoo.io.build import instantiate
-from seqzoo.lab.compare import machine
+from seqzoo.lab.compare_results import machine
 from seqzoo.recipe import resolve
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "compare" / "gpt2.yaml"

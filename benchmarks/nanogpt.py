@@ -34,7 +34,7 @@ import seqzoo
 from seqzoo.config import TrainConfig
 from seqzoo.data.shards import read_manifest
 from seqzoo.io.build import instantiate
-from seqzoo.lab.compare import machine
+from seqzoo.lab.compare_results import machine
 from seqzoo.recipe import resolve
 from seqzoo.schema import instantiate as instantiate_section
 from seqzoo.train.training import lr_factor, train

@@ -10,7 +10,8 @@ import pytest
 
 import seqzoo
 from seqzoo.cli import main
-from seqzoo.lab.compare import Arm, CompareError, arm_names, markdown, plan
+from seqzoo.lab.compare import Arm, CompareError, arm_names, plan
+from seqzoo.lab.compare_results import markdown
 
 SMALL = ["model.dim=32", "model.layers=2", "model.attention.heads=2", "train.batch_size=4", "train.task.seq_len=32",
          "train.eval_examples=8", "train.log_every=2"]
@@ -181,6 +182,31 @@ def test_a_finished_run_survives_a_setting_that_a_later_version_adds(data, tmp_p
     assert "1 of 1 run(s) already finished" in capsys.readouterr().err
     assert main([*command, "--set", "train.lr=5.0e-4"]) == 0
     assert "its recipe changed since the last time; starting it over" in capsys.readouterr().err
+
+
+def test_report_only_tables_the_finished_runs_and_trains_nothing(data, tmp_path, capsys):
+    """--report-only: the finished run's row; a run never trained and a run whose recipe changed
+    are listed as not finished, and neither is trained nor has its files touched."""
+    out = tmp_path / "cmp"
+    command = ["compare", "tiny-gpt", "--data", data, "--steps", "2", "--threads", "1", "-o", str(out), *args()]
+    assert main(command) == 0
+    capsys.readouterr()
+    finished = sorted((out / "runs" / "tiny-gpt" / "seed0").iterdir())
+    stamps = [path.stat().st_mtime_ns for path in finished]
+    report = ["compare", "tiny-gpt", "tiny-llama", "--data", data, "--steps", "2", "--threads", "1", "-o", str(out),
+              "--report-only", *args()]
+    assert main(report) == 0
+    printed = capsys.readouterr()
+    assert "training" not in printed.err and not (out / "runs" / "tiny-llama").exists()
+    table = (out / "results.md").read_text()
+    assert "| tiny-gpt |" in table and "| tiny-llama |" not in table and "Not finished: tiny-llama seed 0." in table
+    assert "Not finished: tiny-llama seed 0." in printed.out
+
+    assert main([*report, "--set", "train.lr=5.0e-4"]) == 0  # another recipe than the one tiny-gpt trained
+    assert "training" not in capsys.readouterr().err
+    assert "Not finished: tiny-gpt seed 0, tiny-llama seed 0." in (out / "results.md").read_text()
+    assert sorted((out / "runs" / "tiny-gpt" / "seed0").iterdir()) == finished
+    assert [path.stat().st_mtime_ns for path in finished] == stamps
 
 
 def test_the_shipped_comparison_plans_every_block_at_gpt2s_parameter_count(tmp_path):

@@ -3,6 +3,8 @@ the scoring and the gradient measurement agree with worked examples and the chai
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,10 +41,70 @@ def test_quick_mode_writes_table_json_and_png(tmp_path, capsys, name):
         assert "invalid" in saved["notes"][0] and "mimetic" not in " ".join(saved["notes"])
 
 
-def test_workers_caps_how_many_runs_a_study_trains_at_once(tmp_path, capsys):
+def test_workers_caps_how_many_runs_a_study_trains_at_once_and_report_only_trains_nothing(tmp_path, capsys):
     assert main(["experiment", "recall", "--quick", "--workers", "1", "-o", str(tmp_path)]) == 0
     log = capsys.readouterr().err
     assert "(1 running, 1 waiting" in log and "2 running" not in log
+    trained = json.loads((tmp_path / "recall.json").read_text())
+
+    # --report-only rebuilds the same table from the finished runs, and trains nothing
+    results = sorted(tmp_path.glob("layers*/runs/*/seed*/result.json"))
+    stamps = [path.stat().st_mtime_ns for path in results]
+    assert main(["experiment", "recall", "--quick", "--report-only", "-o", str(tmp_path)]) == 0
+    assert "training" not in capsys.readouterr().err
+    rebuilt = json.loads((tmp_path / "recall.json").read_text())
+    assert rebuilt["rows"] == trained["rows"] and rebuilt["data"] == trained["data"]
+    assert rebuilt["settings"]["report_only"] is True
+    assert "nothing trained" in (tmp_path / "recall.md").read_text()
+    assert [path.stat().st_mtime_ns for path in results] == stamps
+
+    # a run that has not finished: one line naming it, exit 2, and still nothing trained
+    gone = results[-1]
+    gone.unlink()
+    assert main(["experiment", "recall", "--quick", "--report-only", "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"seqzoo: error: {gone.parents[3]}: 1 run(s) have not finished (")
+    assert all(line.startswith("match params: ") for line in err[:-1])  # the plan's log, then the one line
+    assert unfinished_folder(err[-1], tmp_path) == gone.parent and not gone.exists()
+
+
+def unfinished_folder(error: str, root: Path) -> Path:
+    """The folder of the first run a --report-only refusal names: ROOT/layersL/runs/ARM/seedS."""
+    from seqzoo.lab.compare import slug
+
+    found = re.search(r"seqzoo: error: (\S+): \d+ run\(s\) have not finished \((.+?) seed (\d+)[,)]", error)
+    assert found, error
+    folder, label, seed = found.groups()
+    return root / Path(folder).relative_to(root) / "runs" / slug(label) / f"seed{seed}"
+
+
+def test_report_only_is_refused_for_an_experiment_that_keeps_no_runs(tmp_path, capsys):
+    assert main(["experiment", "vanishing-gradients", "--quick", "--report-only", "-o", str(tmp_path)]) == 2
+    assert "keeps no runs to report from; only recall, copying, delta-rule, moe do" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["recall", "copying"])
+def test_the_committed_study_is_rebuilt_from_its_files_without_training(name, tmp_path, capsys):
+    """`seqzoo experiment NAME --report-only` on the committed runs (a copy of their recipes and
+    results) trains nothing. Once every run has finished, the table it rebuilds is the committed
+    NAME.json's; until then it refuses in one line that names a run whose result is not committed."""
+    root = Path(__file__).resolve().parents[1] / "docs" / "experiments" / name
+    for path in root.glob("layers*/runs/*/seed*/*"):
+        if path.name in ("recipe.yaml", "result.json"):
+            copy = tmp_path / path.relative_to(root)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(path.read_bytes())
+    code = main(["experiment", name, "--report-only", "-o", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert "training" not in err and not list(tmp_path.glob("layers*/runs/*/seed*/model.safetensors"))
+    if (root / f"{name}.json").exists():  # the study has finished
+        assert code == 0, err
+        committed = json.loads((root / f"{name}.json").read_text())
+        assert json.loads((tmp_path / f"{name}.json").read_text())["rows"] == committed["rows"]
+        return
+    assert code == 2  # a run the study plans, of an arm it has runs of, whose result is not among the files
+    named = unfinished_folder(err.splitlines()[-1], tmp_path)
+    assert named.parent.exists() and not (named / "result.json").exists(), named
 
 
 def test_unknown_experiment_exits_2_with_a_suggestion(tmp_path, capsys):

@@ -26,6 +26,8 @@ def register_cli(add) -> dict:
     p.add_argument("--workers", type=int, default=1, metavar="K", help="runs at a time, each a process (1)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads per run (default: the cores / K)")
     add_set(p, "an override for every recipe, KEY.PATH=VALUE with the value read as YAML (repeatable)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: rewrite the table and figures from the runs in OUT that have finished")
     p.add_argument("-o", "--output", default="compare", metavar="OUT",
                    help="folder for the runs, results.json, results.md and the figures (compare)")
     return {"compare": _cmd_compare}
@@ -54,9 +56,9 @@ def _cmd_compare(args) -> int:
     arms = with_contenders(args.recipes, args.contenders)
     results = compare(arms, args.output, steps=args.steps, tokens=args.tokens, seeds=parse_seeds(args.seeds),
                       data=args.data, overrides=args.overrides, match_params=args.match_params,
-                      workers=args.workers, threads=args.threads,
+                      workers=args.workers, threads=args.threads, report_only=args.report_only,
                       log=lambda message: print(message, file=sys.stderr, flush=True))
-    from ..lab.compare import markdown
+    from ..lab.compare_results import markdown
 
     print(markdown(results))
     written = ", ".join([f"{args.output}/results.json", f"{args.output}/results.md", *results["figures"]])

@@ -41,6 +41,9 @@ def register_cli(add) -> dict:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     p.add_argument("--workers", type=int, help="runs trained at once by recall, copying and moe (default: cores "
                                                "/ threads)")
+    p.add_argument("--report-only", action="store_true",
+                   help="recall, copying, delta-rule, moe: train nothing; rebuild the table and figure from the "
+                        "finished runs in the output folder")
     return {"plot": _cmd_plot, "attention": _cmd_attention, "positions": _cmd_positions,
             "experiment": _cmd_experiment}
 
@@ -99,7 +102,7 @@ def _cmd_experiment(args) -> int:
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log,
-                                   workers=args.workers)
+                                   workers=args.workers, report_only=args.report_only)
     print(f"{result.title}\n\n{result.markdown()}\n\n{result.seconds} s; wrote "
           f"{paths['md']}, {paths['json']}, {paths['png']}")
     return 0

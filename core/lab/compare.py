@@ -8,7 +8,9 @@ train``), K at a time, into ``OUT/runs/ARM/seedS/``: its resolved recipe, its ch
 along the way), its metrics and its log. A run is finished when its ``result.json`` exists, so an
 interrupted comparison, run again with the same command, trains only what did not finish —
 resuming a run from its last checkpoint — and then rewrites ``results.json``, ``results.md`` and
-the figures from the finished runs' files.
+the figures from the finished runs' files (``seqzoo.lab.compare_results``). With ``report_only``
+(``--report-only``) nothing trains: only the table and the figures are rewritten, from the runs
+that have finished.
 
 Runs of one seed read the same rows in the same order: the data stream is a function of
 ``train.seed`` and the row index only, never of the model.
@@ -27,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
 import yaml
 
 from ..errors import SeqzooError
@@ -37,6 +38,7 @@ from ..io.build import instantiate
 from ..recipe import resolve
 from ..registry import registry, tokenizer
 from ..train.token_batches import data_override, fit_window
+from .compare_results import draw, machine, markdown
 from .measure import match_parameters, non_embedding_parameters, parameters
 from .plots import PlotError
 
@@ -203,11 +205,15 @@ def _with_cadence(recipe: dict, steps: int) -> dict:
 
 # -- running -----------------------------------------------------------------------------------------
 def execute(comparison: Plan, output: str | Path, *, workers: int = 1, threads: int | None = None,
-            log: Callable[[str], None] = print) -> dict:
+            log: Callable[[str], None] = print, report_only: bool = False) -> dict:
     """Train every run that has not finished, ``workers`` at a time, each in its own process with
-    ``threads`` CPU threads (default: the cores shared out); then write and return the results."""
+    ``threads`` CPU threads (default: the cores shared out); then write and return the results.
+    ``report_only``: train nothing and leave every run folder as it is; the results are the
+    finished runs', and the others are listed as unfinished."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
+    if report_only:
+        return collect(comparison, output)
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
     pending = []
     for run in comparison.runs:
@@ -266,6 +272,13 @@ def _prepare_folder(run: Run, log: Callable[[str], None]) -> bool:
             return False  # finished, and its recipe file stays as it trained
     write_text_atomic(recipe_file, yaml.safe_dump(run.recipe, sort_keys=False))
     return not (run.folder / "result.json").exists()
+
+
+def _finished(run: Run) -> bool:
+    """Whether the run has finished as planned: its ``result.json`` beside the planned recipe."""
+    recipe_file = run.folder / "recipe.yaml"
+    return ((run.folder / "result.json").exists() and recipe_file.exists()
+            and _same_recipe(yaml.safe_load(recipe_file.read_text(encoding="utf-8")), run.recipe))
 
 
 def _same_recipe(stored: dict, planned: dict) -> bool:
@@ -328,13 +341,13 @@ def _result_line(result: dict) -> str:
 # -- results -------------------------------------------------------------------------------------------
 def collect(comparison: Plan, output: str | Path) -> dict:
     """Read every finished run's result and write ``results.json``, ``results.md`` and the figures
-    (when matplotlib is installed); unfinished runs are listed as such."""
+    (when matplotlib is installed); unfinished runs, and runs that trained another recipe than the
+    planned one, are listed as unfinished."""
     output = Path(output)
     runs, missing = [], []
     for run in comparison.runs:
-        path = run.folder / "result.json"
-        if path.exists():
-            runs.append(json.loads(path.read_text(encoding="utf-8")))
+        if _finished(run):
+            runs.append(json.loads((run.folder / "result.json").read_text(encoding="utf-8")))
         else:
             missing.append(run.label)
     results = {"settings": comparison.settings, "machine": machine(), "runs": runs, "unfinished": missing}
@@ -347,148 +360,23 @@ def collect(comparison: Plan, output: str | Path) -> dict:
     return results
 
 
-def machine() -> dict:
-    """Where the numbers were measured: the CPU model, cores, torch and the accelerator, if any."""
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "gpu": gpu}
-
-
-def summary_rows(results: dict) -> list[dict]:
-    """One row per arm: parameters, speed, memory and the held-out metrics over its seeds."""
-    by_arm: dict[str, list[dict]] = {}
-    for run in results["runs"]:
-        by_arm.setdefault(run["arm"], []).append(run)
-    rows = []
-    for arm, runs in by_arm.items():
-        row = {"arm": arm, "seeds": [r["seed"] for r in runs], "parameters": runs[0]["parameters"],
-               "non_embedding": runs[0]["non_embedding"], "flops_per_token": runs[0]["flops_per_token"],
-               "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs if r["tokens_per_s"]),
-               "peak_memory_mb": max(r["peak_memory_mb"] or 0 for r in runs),
-               "wall_seconds": statistics.fmean(r["wall_seconds"] for r in runs)}
-        for key in ("loss", "perplexity", "accuracy", "exact"):
-            values = [r["eval"][key] for r in runs if key in r["eval"]]
-            if values:
-                row[key] = values
-        rows.append(row)
-    return rows
-
-
-def _mean_sd(values: list[float], digits: int = 4) -> str:
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
-
-def markdown(results: dict) -> str:
-    """The comparison as a markdown table (mean ± sd over seeds), with the machine and settings."""
-    rows = summary_rows(results)
-    settings = results["settings"]
-    has = {key: any(key in r for r in rows) for key in ("perplexity", "accuracy", "exact")}
-    columns = ["model", "params", "params w/o embeddings", "FLOPs/token", "tokens/s", "peak memory (MB)",
-               "held-out loss"]
-    columns += ["perplexity"] * has["perplexity"] + ["accuracy"] * has["accuracy"] + ["exact rows"] * has["exact"]
-    columns += ["wall time (s)"]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        cells = [r["arm"], f"{r['parameters']:,}", f"{r['non_embedding']:,}",
-                 f"{r['flops_per_token'] / 1e6:.2f}M" if r["flops_per_token"] else "–",
-                 f"{r['tokens_per_s']:,.0f}", f"{r['peak_memory_mb']:.0f}", _mean_sd(r["loss"])]
-        if has["perplexity"]:
-            cells.append(_mean_sd(r["perplexity"], 2) if "perplexity" in r else "–")
-        if has["accuracy"]:
-            cells.append(_mean_sd(r["accuracy"], 3) if "accuracy" in r else "–")
-        if has["exact"]:
-            cells.append(_mean_sd(r["exact"], 3) if "exact" in r else "–")
-        cells.append(f"{r['wall_seconds']:.0f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    budget = f"{settings['steps']:,} steps" if settings.get("steps") else f"{settings['tokens']:,} tokens"
-    seeds = ", ".join(map(str, settings["seeds"]))
-    notes = [f"Budget: {budget} ({settings['run_steps']:,} steps) per run; seeds {seeds}"
-             f"; data: {settings.get('data') or 'the recipes’ task'}"
-             + ("; FFN widths matched to the first model's parameter count" if settings.get("match_params") else "")
-             + ".",
-             _measured_on(results)]
-    if results.get("unfinished"):
-        notes.append(f"Not finished: {', '.join(results['unfinished'])}.")
-    return "\n".join(lines) + "\n\n" + "\n".join(notes)
-
-
-def _where(m: dict) -> str:
-    return f"{m['cpu']} ({m['cores']} cores), torch {m['torch']}" + (f", {m['gpu']}" if m.get("gpu") else "")
-
-
-def _measured_on(results: dict) -> str:
-    """The machine the runs trained on, and in which precision (``train.precision=auto`` picks
-    bfloat16 autocast on a CPU fast at it) — each run records its own, since an interrupted
-    comparison may be finished on another; several are named with their runs, as their speeds differ."""
-    places: dict[str, list[str]] = {}
-    for run in results["runs"]:
-        precision = (run.get("precision") or {}).get("precision")
-        where = _where(run.get("machine") or results["machine"]) + (f", {precision}" if precision else "")
-        places.setdefault(where, []).append(f"{run['arm']} seed {run['seed']}")
-    if len(places) <= 1:
-        return f"Measured on {next(iter(places), _where(results['machine']))}."
-    listed = "; ".join(f"{where}: {', '.join(runs)}" for where, runs in places.items())
-    return f"Measured on {len(places)} machines, so tokens/s and wall time compare only within one — {listed}."
-
-
-def curves(results: dict, x: str) -> dict[str, tuple[list[float], list[float]]]:
-    """Held-out loss against ``x`` (``tokens`` or ``seconds``) per arm, averaged over seeds at each
-    evaluation (the seeds of an arm evaluate at the same steps)."""
-    by_arm: dict[str, dict[int, list[tuple[float, float]]]] = {}
-    for run in results["runs"]:
-        points = by_arm.setdefault(run["arm"], {})
-        for entry in run["curve"]:
-            if "eval" in entry and entry.get(x) is not None:
-                points.setdefault(entry["step"], []).append((entry[x], entry["eval"]["loss"]))
-    out = {}
-    for arm, points in by_arm.items():
-        steps = sorted(points)
-        out[arm] = ([statistics.fmean(p[0] for p in points[s]) for s in steps],
-                    [statistics.fmean(p[1] for p in points[s]) for s in steps])
-    return out
-
-
-#: The line style of the first ten arms, the next ten, ...
-LINE_STYLES = ("-", "--", ":", "-.")
-
-
-def draw(results: dict, output: Path) -> list[str]:
-    """``loss-tokens.png`` and ``loss-seconds.png``: held-out loss per arm (PlotError without
-    matplotlib)."""
-    from .plots import figure, save_figure
-
-    paths = []
-    for x, label in (("tokens", "training tokens"), ("seconds", "training seconds")):
-        lines = curves(results, x)
-        if not any(xs for xs, _ in lines.values()):
-            continue
-        fig = figure(6.4, 4.2)
-        ax = fig.subplots()
-        for index, (arm, (xs, ys)) in enumerate(lines.items()):
-            # matplotlib's colour cycle has ten colours: past them, the line style tells arms apart
-            ax.plot(xs, ys, marker="o", ms=3, label=arm, color=f"C{index % 10}", ls=LINE_STYLES[index // 10 % 4])
-        ax.set(xlabel=label, ylabel="held-out loss", title=f"held-out loss against {label}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2 if len(lines) > 8 else 1)
-        paths.append(save_figure(fig, output / f"loss-{x}.png"))
-    return paths
+def finished(results: dict, folder: str) -> dict:
+    """``results`` of a comparison whose every run has finished, or a CompareError that names the
+    others (what a ``report_only`` study or experiment, which trains nothing, needs before it has a table)."""
+    if results["unfinished"]:
+        shown = ", ".join(results["unfinished"][:3]) + (", ..." if len(results["unfinished"]) > 3 else "")
+        raise CompareError(f"{folder}: {len(results['unfinished'])} run(s) have not finished ({shown}), "
+                           f"so there is no table to report; train them with the same command without --report-only")
+    return results
 
 
 def compare(arms: list[Arm], output: str | Path, *, steps: int | None = None, tokens: int | None = None,
             seeds: list[int] = (0,), data: str | None = None, overrides: list[str] = (), match_params: bool = False,
-            workers: int = 1, threads: int | None = None, log: Callable[[str], None] = print) -> dict:
-    """Plan, train (what has not finished) and tabulate a comparison; see the module docstring."""
+            workers: int = 1, threads: int | None = None, log: Callable[[str], None] = print,
+            report_only: bool = False) -> dict:
+    """Plan, train (what has not finished; nothing with ``report_only``) and tabulate a comparison;
+    see the module docstring."""
     comparison = plan(arms, output, steps=steps, tokens=tokens, seeds=list(seeds), data=data,
                       overrides=list(overrides), match_params=match_params, log=log)
-    return execute(comparison, output, workers=workers, threads=threads, log=log)
+    return execute(comparison, output, workers=workers, threads=threads, log=log, report_only=report_only)
 

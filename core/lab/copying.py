@@ -77,14 +77,14 @@ def design(shape: dict) -> dict:
 
 
 def copying(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
-            workers: int | None = None) -> ExperimentResult:
+            workers: int | None = None, report_only: bool = False) -> ExperimentResult:
     """Run (or continue) the study; the table of exact copies per length, the verdicts and the
     sample-efficiency curves."""
     shape = QUICK if quick else FULL
     lengths = shape["lengths"]
     inside = [n for n in lengths if n <= shape["max_len"]]
     done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-copying-"), **design(shape), log=log,
-                       threads=torch.get_num_threads(), workers=workers)
+                       threads=torch.get_num_threads(), workers=workers, report_only=report_only)
     for layers, depth in done.data.items():
         depth["efficiency"] = efficiency(done.found[layers], f"L={inside[-1]}", shape["batch"])
     columns = ["layers", "model", "state floats / layer", "params", "best lr",

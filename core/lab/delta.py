@@ -153,7 +153,7 @@ def first_study(module, shape: dict, layers: int, folder: str) -> dict:
 
 
 def delta_rule(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
-               workers: int | None = None) -> ExperimentResult:
+               workers: int | None = None, report_only: bool = False) -> ExperimentResult:
     """Run (or continue) the second study on both tasks; the table, the verdicts and the figure's data."""
     folder = folder or tempfile.mkdtemp(prefix="seqzoo-delta-rule-")
     beside = os.path.dirname(os.path.abspath(folder))
@@ -171,7 +171,7 @@ def delta_rule(quick: bool = False, log: Callable[[str], None] = print, folder: 
                for c in contenders(shape["dim"], widths)]
         found = study(gdn, base, design["train"], rates=shape["rates"], seeds=shape["seeds"], steps=shape["steps"],
                       folder=os.path.join(folder, task, f"layers{layers}"), metric=design["metric"], log=log,
-                      threads=torch.get_num_threads(), workers=workers)
+                      threads=torch.get_num_threads(), workers=workers, report_only=report_only)
         runs = {**first["runs"], **found["runs"]}
         table = {name: per_group(seeds, design["metric"]) for name, seeds in runs.items()}
         means = {name: [statistics.fmean(values[g]) for g in groups] for name, values in table.items()}

@@ -316,14 +316,18 @@ def draw(result: ExperimentResult, path: str | os.PathLike) -> str:
 
 
 def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick: bool = False,
-                   threads: int | None = 1, log: Callable[[str], None] = print, workers: int | None = None
-                   ) -> tuple[ExperimentResult, dict[str, str]]:
+                   threads: int | None = 1, log: Callable[[str], None] = print, workers: int | None = None,
+                   report_only: bool = False) -> tuple[ExperimentResult, dict[str, str]]:
     """Run experiment ``name`` and write ``NAME.md``, ``NAME.json`` and ``NAME.png`` into
     ``output`` (default ``experiments/NAME``) -> (result, {"md", "json", "png": path}).
     ``workers``: runs trained at once by the experiments that train through compare (default:
-    as many as the cores hold at ``threads`` each)."""
+    as many as the cores hold at ``threads`` each). ``report_only``: those experiments train
+    nothing and rebuild their table and figure from the finished runs in ``output``."""
     if name not in EXPERIMENTS:
         raise InputError(unknown_name("experiment", name, EXPERIMENTS))
+    if report_only and name not in KEEPS_RUNS:
+        raise InputError(f"--report-only: the {name} experiment keeps no runs to report from; only "
+                         f"{', '.join(KEEPS_RUNS)} do (run it without --report-only)")
     if threads is not None and threads < 1:
         raise InputError(f"threads={threads} must be >= 1")
     require_matplotlib()  # fail before training, not after
@@ -335,15 +339,17 @@ def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick:
     began = time.perf_counter()
     try:
         # The experiments that train through `seqzoo compare` keep their runs in the folder.
-        kept = {"folder": folder, "workers": workers} if name in KEEPS_RUNS else {}
+        kept = {"folder": folder, "workers": workers, "report_only": report_only} if name in KEEPS_RUNS else {}
         result = EXPERIMENTS[name](quick=quick, log=log, **kept)
     finally:
         torch.set_num_threads(previous)
     result.seconds = round(time.perf_counter() - began, 1)
-    result.settings.update({"quick": quick, "threads": threads, "torch": torch.__version__})
+    result.settings.update({"quick": quick, "threads": threads, "torch": torch.__version__, "report_only": report_only})
     paths = {ext: os.path.join(folder, f"{name}.{ext}") for ext in ("md", "json", "png")}
+    took = (f"Rebuilt from the finished runs in {result.seconds} s, nothing trained" if report_only else
+            f"Run time: {result.seconds} s")
     write_text_atomic(Path(paths["md"]), f"# {name}\n\n{result.title}\n\n{result.markdown()}\n\n"
-                      f"Run time: {result.seconds} s ({'quick' if quick else 'full'}, {threads} thread(s)).\n")
+                      f"{took} ({'quick' if quick else 'full'}, {threads} thread(s)).\n")
     write_text_atomic(Path(paths["json"]), json.dumps(asdict(result), indent=1, default=str))
     draw(result, paths["png"])
     return result, paths

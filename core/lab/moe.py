@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from .compare import Arm, compare
+from .compare import Arm, compare, finished
 from .result import ExperimentResult
 
 FULL = {"dim": 64, "layers": 2, "hidden": 256, "experts": 8, "steps": 1200, "log_every": 20,
@@ -59,7 +59,7 @@ def imbalance(load: list[list[float]]) -> float:
 
 
 def moe(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
-        workers: int | None = None) -> ExperimentResult:
+        workers: int | None = None, report_only: bool = False) -> ExperimentResult:
     """Train the dense model and the three mixtures on sort with ``seqzoo compare`` (runs kept in
     ``folder``/moe-runs); loss, accuracy and expert load."""
     shape = QUICK if quick else FULL
@@ -70,10 +70,10 @@ def moe(quick: bool = False, log: Callable[[str], None] = print, folder: str | N
     base = [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}", "model.position.scaling=null"]
     arms = [Arm(name, "tiny-llama", (*base, *overrides)) for name, overrides in variants(shape).items()]
     threads = torch.get_num_threads()
-    results = compare(arms, os.path.join(folder or tempfile.mkdtemp(prefix="seqzoo-moe-"), "moe-runs"), steps=steps,
-                      seeds=[0], overrides=training, threads=threads,
-                      workers=workers or max(1, (os.cpu_count() or 1) // threads),
-                      log=log)
+    runs_folder = os.path.join(folder or tempfile.mkdtemp(prefix="seqzoo-moe-"), "moe-runs")
+    results = finished(compare(arms, runs_folder, steps=steps, seeds=[0], overrides=training, threads=threads,
+                               workers=workers or max(1, (os.cpu_count() or 1) // threads), log=log,
+                               report_only=report_only), runs_folder)
     rows, data = [], {"steps": [], "loss": {}, "imbalance": {}, "load": {}}
     for run in results["runs"]:
         name, history = run["arm"], run["curve"]

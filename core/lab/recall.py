@@ -77,12 +77,12 @@ def design(shape: dict) -> dict:
 
 
 def recall(quick: bool = False, log: Callable[[str], None] = print, folder: str | None = None,
-           workers: int | None = None) -> ExperimentResult:
+           workers: int | None = None, report_only: bool = False) -> ExperimentResult:
     """Run (or continue) the study at every depth; the table, the verdicts and the figure's data."""
     shape = QUICK if quick else FULL
     pairs, vocab = shape["pairs"], vocabulary(3 + 2 * shape["keys"])
     done = every_depth(shape, folder or tempfile.mkdtemp(prefix="seqzoo-recall-"), **design(shape), log=log,
-                       threads=torch.get_num_threads(), workers=workers)
+                       threads=torch.get_num_threads(), workers=workers, report_only=report_only)
     columns = ["layers", "model", "state floats / layer", "params", "best lr",
                *[f"N={n} ({n * math.log2(shape['keys']):.0f} bits)" for n in pairs], f"N={pairs[-1]} per seed"]
     data = {"pairs": pairs, "depths": done.data, "verdict": done.verdict}

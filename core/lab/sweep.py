@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .compare import Arm, compare
+from .compare import Arm, compare, finished
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,10 @@ def score(run: dict, metric: str) -> dict[str, float]:
 
 def study(contenders: list[Contender], base: list[str], training: list[str], *, rates: list[float],
           seeds: list[int], steps: int, folder: str, metric: str, log: Callable[[str], None] = print,
-          threads: int = 1, workers: int | None = None) -> dict:
+          threads: int = 1, workers: int | None = None, report_only: bool = False) -> dict:
     """Sweep ``rates`` for every contender on ``seeds[0]``, then train every seed at each
     contender's best rate (the highest mean ``metric`` over the groups; ties to the lower loss).
+    ``report_only``: train nothing, and refuse (CompareError) while a run has not finished.
 
     Returns {"sweep": {name: {rate: mean score}}, "best": {name: rate}, "runs": {name: [runs of
     every seed at the best rate]}, "parameters": {name: count}}. ``training`` is the shared
@@ -99,10 +100,11 @@ def study(contenders: list[Contender], base: list[str], training: list[str], *, 
                 for c in contenders for rate in choice[c.name]]
 
     common = {"steps": steps, "overrides": training, "match_params": True, "threads": threads,
-              "workers": workers, "log": log}
-    swept = compare(arms({c.name: rates for c in contenders}), folder, seeds=seeds[:1], **common)
+              "workers": workers, "log": log, "report_only": report_only}
+    swept = finished(compare(arms({c.name: rates for c in contenders}), folder, seeds=seeds[:1], **common), folder)
     sweep, best = best_rates(contenders, rates, {run["arm"]: run for run in swept["runs"]}, metric)
-    final = compare(arms({c.name: [best[c.name]] for c in contenders}), folder, seeds=seeds, **common)
+    final = finished(compare(arms({c.name: [best[c.name]] for c in contenders}), folder, seeds=seeds, **common),
+                     folder)
     runs: dict[str, list[dict]] = {c.name: [] for c in contenders}
     parameters = {}
     for run in sorted(final["runs"], key=lambda r: r["seed"]):
@@ -317,14 +319,16 @@ class Depths:
 def every_depth(shape: dict, folder: str, contenders: Callable[[int], list[Contender]],
                 base: Callable[[int], list[str]], train: list[str], *, groups: list[str], xs: list[int],
                 metric: str, reference: str, checked: list[int] | None = None,
-                log: Callable[[str], None] = print, threads: int = 1, workers: int | None = None) -> Depths:
+                log: Callable[[str], None] = print, threads: int = 1, workers: int | None = None,
+                report_only: bool = False) -> Depths:
     """``study`` then ``tabulate`` at each of the shape's depths, runs kept in ``folder``/layersL."""
     rows, data, found = [], {}, {}
     for layers in shape["layers"]:
         who = contenders(layers)
         found[str(layers)] = study(who, base(layers), train, rates=shape["rates"], seeds=shape["seeds"],
                                    steps=shape["steps"], folder=os.path.join(folder, f"layers{layers}"),
-                                   metric=metric, log=log, threads=threads, workers=workers)
+                                   metric=metric, log=log, threads=threads, workers=workers,
+                                   report_only=report_only)
         data[str(layers)], depth_rows = tabulate(who, found[str(layers)], groups, metric, xs, dim=shape["dim"],
                                                  reference=reference, checked=checked)
         rows += [[layers, *row] for row in depth_rows]
