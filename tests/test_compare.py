@@ -203,7 +203,8 @@ def test_report_only_tables_the_finished_runs_and_trains_nothing(data, tmp_path,
     assert "Not finished: tiny-llama seed 0." in printed.out
 
     assert main([*report, "--set", "train.lr=5.0e-4"]) == 0  # another recipe than the one tiny-gpt trained
-    assert "training" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "training" not in err and "tiny-gpt seed 0: its result is of another recipe than the planned one" in err
     assert "Not finished: tiny-gpt seed 0, tiny-llama seed 0." in (out / "results.md").read_text()
     assert sorted((out / "runs" / "tiny-gpt" / "seed0").iterdir()) == finished
     assert [path.stat().st_mtime_ns for path in finished] == stamps

@@ -213,6 +213,9 @@ def execute(comparison: Plan, output: str | Path, *, workers: int = 1, threads: 
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     if report_only:
+        for run in comparison.runs:
+            if (run.folder / "result.json").exists() and not _finished(run):
+                log(f"{run.label}: its result is of another recipe than the planned one, so it is not reported")
         return collect(comparison, output)
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
     pending = []
