@@ -256,9 +256,8 @@ def _loop(run: Run, last: int, report: _Report, stop: _StopRequests, on_log: Cal
         report.bar.update(1)
         periodic = bool(config.save_every) and at.step % config.save_every == 0 and at.step != last
         if run.output and (periodic or stop.requested):
-            # A save can fall between two log lines: count the steps since the last one, so that the
-            # checkpoint (and a run resumed from it) holds the tokens and seconds trained up to here.
-            # Like evaluation, saving is not training time.
+            # A save between two log lines: count the steps since the last one, so that the checkpoint
+            # holds the tokens and seconds trained up to here (saving, like evaluation, is not training).
             at.seconds, at.tokens = at.seconds + time.perf_counter() - window_start, at.tokens + int(window_tokens)
             _save(run)
             window_start, window_tokens = time.perf_counter(), 0
@@ -492,12 +491,10 @@ def _resume(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, task:
     torch.set_rng_state(tensors["rng.cpu"])
     if "rng.cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng.cuda"])
-    history = list(meta.get("history", []))
-    step = int(meta["step"])
+    history, step, config = list(meta.get("history", [])), int(meta["step"]), meta.get("config", {})
     last = history[-1] if history else {}
-    config = meta.get("config", {})
-    # Checkpoints written before the position was kept read their rows at the old batch size.
+    # Checkpoints written before the position was kept read their rows at the old batch size, and
+    # those written before the counts were kept take the last logged line's.
     consumed = int(data.get("consumed", step * config.get("batch_size", 0) * config.get("accumulate", 1)))
-    # Checkpoints written before the counts were kept: the last logged line's.
     tokens, seconds = meta.get("tokens", last.get("tokens", 0)), meta.get("seconds", last.get("seconds", 0.0))
     return Position(step, consumed, int(tokens), float(seconds)), history
