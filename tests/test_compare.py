@@ -204,10 +204,14 @@ def test_report_only_tables_the_finished_runs_and_trains_nothing(data, tmp_path,
 
     assert main([*report, "--set", "train.lr=5.0e-4"]) == 0  # another recipe than the one tiny-gpt trained
     err = capsys.readouterr().err
-    assert "training" not in err and "tiny-gpt seed 0: its result is of another recipe than the planned one" in err
+    assert "training" not in err and "tiny-gpt seed 0: its result was trained with another recipe" in err
     assert "Not finished: tiny-gpt seed 0, tiny-llama seed 0." in (out / "results.md").read_text()
     assert sorted((out / "runs" / "tiny-gpt" / "seed0").iterdir()) == finished
     assert [path.stat().st_mtime_ns for path in finished] == stamps
+
+    typo = tmp_path / "cmpp"  # not the folder the runs trained into: refused, and nothing is made
+    assert main(["compare", "tiny-gpt", "--data", data, "--steps", "2", "-o", str(typo), "--report-only", *args()]) == 2
+    assert f"{typo}: no runs to report" in capsys.readouterr().err and not typo.exists()
 
 
 def test_the_shipped_comparison_plans_every_block_at_gpt2s_parameter_count(tmp_path):

@@ -102,9 +102,9 @@ def test_the_committed_study_is_rebuilt_from_its_files_without_training(name, tm
         committed = json.loads((root / f"{name}.json").read_text())
         assert json.loads((tmp_path / f"{name}.json").read_text())["rows"] == committed["rows"]
         return
-    assert code == 2  # a run the study plans, of an arm it has runs of, whose result is not among the files
+    assert code == 2  # a run the study plans whose result is not among the committed files
     named = unfinished_folder(err.splitlines()[-1], tmp_path)
-    assert named.parent.exists() and not (named / "result.json").exists(), named
+    assert not (named / "result.json").exists() and not (root / named.relative_to(tmp_path) / "result.json").exists()
 
 
 def test_unknown_experiment_exits_2_with_a_suggestion(tmp_path, capsys):

@@ -65,21 +65,27 @@ def test_a_killed_run_resumed_gives_the_same_loss_curve_bit_for_bit(shards, tmp_
     assert [line["step"] for line in lines] == list(range(1, 13))  # one line a step, none twice
 
 
-def test_a_run_resumed_from_a_save_between_log_lines_counts_every_token(shards, tmp_path):
-    """A periodic save (or Ctrl-C) can fall between two log lines. The checkpoint keeps the tokens
-    and seconds trained up to its own step, so the resumed run counts the tokens the uninterrupted
-    run counts, and its clock goes on from the checkpoint's, not from the last logged line's."""
-    cfg = config(shards, log_every=4, save_every=3, keep=2)
+@pytest.mark.parametrize("save_every", [3, 4])
+def test_a_run_resumed_from_a_save_between_log_lines_counts_every_token(shards, tmp_path, save_every):
+    """A periodic save (or Ctrl-C) can fall between two log lines (save_every 3, log_every 4). The
+    checkpoint keeps the tokens and seconds trained up to its own step, so the resumed run counts
+    the tokens the uninterrupted run counts, and its clock goes on from the checkpoint's. A save on
+    a log line's step (save_every 4) counts nothing twice."""
+    from seqzoo.io.checkpoint import read_extras
+
+    cfg = config(shards, log_every=4, save_every=save_every, keep=2)
     whole = fresh()
     uninterrupted = train(whole, cfg, seqzoo.tokenizer(whole), quiet=True)
     part = fresh()
-    first = train(part, cfg, seqzoo.tokenizer(part), output=str(tmp_path / "run.safetensors"), until=5, quiet=True)
-    step3 = tmp_path / "run.step0000003.safetensors"  # the periodic save at step 3, before the first log line
-    again = seqzoo.load(step3)
-    resumed = train(again, cfg, seqzoo.tokenizer(again), resume=str(step3), quiet=True)
-    assert [h["step"] for h in resumed.history] == [4, 8, 12]
+    train(part, cfg, seqzoo.tokenizer(part), output=str(tmp_path / "run.safetensors"), until=5, quiet=True)
+    saved = tmp_path / f"run.step{save_every:07d}.safetensors"  # the periodic save, kept beside the last
+    position = json.loads(read_extras(str(saved))[0]["seqzoo.train"])
+    assert position["step"] == save_every and position["tokens"] == save_every * 4 * 32 and position["seconds"] > 0
+    again = seqzoo.load(saved)
+    resumed = train(again, cfg, seqzoo.tokenizer(again), resume=str(saved), quiet=True)
+    assert [h["step"] for h in resumed.history] == [4, 8, 12]  # with the checkpoint's own history
     assert [h["tokens"] for h in resumed.history] == [h["tokens"] for h in uninterrupted.history]
-    assert resumed.history[0]["seconds"] > first.history[0]["seconds"] * 3 / 5  # steps 1-3 are counted
+    assert next(h for h in resumed.history if h["step"] > save_every)["seconds"] > position["seconds"]
 
 
 def step_gradients(shards: str, **overrides) -> tuple[float, dict[str, torch.Tensor]]:

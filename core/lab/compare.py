@@ -205,26 +205,24 @@ def _with_cadence(recipe: dict, steps: int) -> dict:
 
 # -- running -----------------------------------------------------------------------------------------
 def execute(comparison: Plan, output: str | Path, *, workers: int = 1, threads: int | None = None,
-            log: Callable[[str], None] = print, report_only: bool = False) -> dict:
+            log: Callable[[str], None] = print, report_only: bool = False, every_run: bool = False) -> dict:
     """Train every run that has not finished, ``workers`` at a time, each in its own process with
     ``threads`` CPU threads (default: the cores shared out); then write and return the results.
     ``report_only``: train nothing and leave every run folder as it is; the results are the
-    finished runs', and the others are listed as unfinished."""
+    finished runs', and the others are listed as unfinished — or, with ``every_run``, a
+    CompareError naming them before anything is written."""
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
     if report_only:
-        for run in comparison.runs:
-            if (run.folder / "result.json").exists() and not _finished(run):
-                log(f"{run.label}: its result is of another recipe than the planned one, so it is not reported")
-        return collect(comparison, output)
+        return _report(comparison, output, log, every_run)
+    output.mkdir(parents=True, exist_ok=True)
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
     pending = []
     for run in comparison.runs:
         if _prepare_folder(run, log):
             pending.append(run)
-    finished = len(comparison.runs) - len(pending)
-    if finished:
-        log(f"{finished} of {len(comparison.runs)} run(s) already finished; training the other {len(pending)}")
+    done = len(comparison.runs) - len(pending)
+    if done:
+        log(f"{done} of {len(comparison.runs)} run(s) already finished; training the other {len(pending)}")
     failures = []
     running: list[tuple[Run, subprocess.Popen, float]] = []
     try:
@@ -259,6 +257,24 @@ def execute(comparison: Plan, output: str | Path, *, workers: int = 1, threads: 
         raise CompareError(f"{len(failures)} run(s) failed: {', '.join(r.label for r in failures)}; their logs say "
                            f"why ({failures[0].folder / 'train.log'}, ...); run the command again to retry them")
     return results
+
+
+def _report(comparison: Plan, output: Path, log: Callable[[str], None], every_run: bool) -> dict:
+    """``execute``'s ``report_only``: the results of the runs in ``output`` that have finished."""
+    if not (output / "runs").is_dir():
+        raise CompareError(f"{output}: no runs to report (no {output / 'runs'} folder); give the folder the runs "
+                           f"trained into as -o, or train them: the same command without --report-only")
+    unfinished = [run for run in comparison.runs if not _finished(run)]
+    for run in unfinished:
+        if (run.folder / "result.json").exists():
+            why = ("was trained with another recipe than the planned one" if (run.folder / "recipe.yaml").exists()
+                   else "has no recipe.yaml beside it")
+            log(f"{run.label}: its result {why}, so it is not reported")
+    if every_run and unfinished:
+        shown = ", ".join(run.label for run in unfinished[:3]) + (", ..." if len(unfinished) > 3 else "")
+        raise CompareError(f"{output}: {len(unfinished)} run(s) have not finished ({shown}), so there is no table "
+                           f"to report; train them with the same command without --report-only")
+    return collect(comparison, output)
 
 
 def _prepare_folder(run: Run, log: Callable[[str], None]) -> bool:
@@ -363,23 +379,14 @@ def collect(comparison: Plan, output: str | Path) -> dict:
     return results
 
 
-def finished(results: dict, folder: str) -> dict:
-    """``results`` of a comparison whose every run has finished, or a CompareError that names the
-    others (what a ``report_only`` study or experiment, which trains nothing, needs before it has a table)."""
-    if results["unfinished"]:
-        shown = ", ".join(results["unfinished"][:3]) + (", ..." if len(results["unfinished"]) > 3 else "")
-        raise CompareError(f"{folder}: {len(results['unfinished'])} run(s) have not finished ({shown}), "
-                           f"so there is no table to report; train them with the same command without --report-only")
-    return results
-
-
 def compare(arms: list[Arm], output: str | Path, *, steps: int | None = None, tokens: int | None = None,
             seeds: list[int] = (0,), data: str | None = None, overrides: list[str] = (), match_params: bool = False,
             workers: int = 1, threads: int | None = None, log: Callable[[str], None] = print,
-            report_only: bool = False) -> dict:
+            report_only: bool = False, every_run: bool = False) -> dict:
     """Plan, train (what has not finished; nothing with ``report_only``) and tabulate a comparison;
-    see the module docstring."""
+    see the module docstring and ``execute``."""
     comparison = plan(arms, output, steps=steps, tokens=tokens, seeds=list(seeds), data=data,
                       overrides=list(overrides), match_params=match_params, log=log)
-    return execute(comparison, output, workers=workers, threads=threads, log=log, report_only=report_only)
+    return execute(comparison, output, workers=workers, threads=threads, log=log, report_only=report_only,
+                   every_run=every_run)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from .compare import Arm, compare, finished
+from .compare import Arm, compare
 from .result import ExperimentResult
 
 FULL = {"dim": 64, "layers": 2, "hidden": 256, "experts": 8, "steps": 1200, "log_every": 20,
@@ -70,10 +70,10 @@ def moe(quick: bool = False, log: Callable[[str], None] = print, folder: str | N
     base = [f"model.dim={shape['dim']}", f"model.layers={shape['layers']}", "model.position.scaling=null"]
     arms = [Arm(name, "tiny-llama", (*base, *overrides)) for name, overrides in variants(shape).items()]
     threads = torch.get_num_threads()
-    runs_folder = os.path.join(folder or tempfile.mkdtemp(prefix="seqzoo-moe-"), "moe-runs")
-    results = finished(compare(arms, runs_folder, steps=steps, seeds=[0], overrides=training, threads=threads,
-                               workers=workers or max(1, (os.cpu_count() or 1) // threads), log=log,
-                               report_only=report_only), runs_folder)
+    results = compare(arms, os.path.join(folder or tempfile.mkdtemp(prefix="seqzoo-moe-"), "moe-runs"), steps=steps,
+                      seeds=[0], overrides=training, threads=threads,
+                      workers=workers or max(1, (os.cpu_count() or 1) // threads),
+                      log=log, report_only=report_only, every_run=True)
     rows, data = [], {"steps": [], "loss": {}, "imbalance": {}, "load": {}}
     for run in results["runs"]:
         name, history = run["arm"], run["curve"]

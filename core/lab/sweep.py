@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .compare import Arm, compare, finished
+from .compare import Arm, compare
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,10 @@ def study(contenders: list[Contender], base: list[str], training: list[str], *, 
                 for c in contenders for rate in choice[c.name]]
 
     common = {"steps": steps, "overrides": training, "match_params": True, "threads": threads,
-              "workers": workers, "log": log, "report_only": report_only}
-    swept = finished(compare(arms({c.name: rates for c in contenders}), folder, seeds=seeds[:1], **common), folder)
+              "workers": workers, "log": log, "report_only": report_only, "every_run": True}
+    swept = compare(arms({c.name: rates for c in contenders}), folder, seeds=seeds[:1], **common)
     sweep, best = best_rates(contenders, rates, {run["arm"]: run for run in swept["runs"]}, metric)
-    final = finished(compare(arms({c.name: [best[c.name]] for c in contenders}), folder, seeds=seeds, **common),
-                     folder)
+    final = compare(arms({c.name: [best[c.name]] for c in contenders}), folder, seeds=seeds, **common)
     runs: dict[str, list[dict]] = {c.name: [] for c in contenders}
     parameters = {}
     for run in sorted(final["runs"], key=lambda r: r["seed"]):

@@ -256,14 +256,13 @@ def _loop(run: Run, last: int, report: _Report, stop: _StopRequests, on_log: Cal
         report.bar.update(1)
         periodic = bool(config.save_every) and at.step % config.save_every == 0 and at.step != last
         if run.output and (periodic or stop.requested):
-            # A save between two log lines: count the steps since the last one, so that the checkpoint
-            # holds the tokens and seconds trained up to here (saving, like evaluation, is not training).
+            run.check_finite()  # a sync, as at a log line: the save counts the steps since that line
             at.seconds, at.tokens = at.seconds + time.perf_counter() - window_start, at.tokens + int(window_tokens)
             _save(run)
-            window_start, window_tokens = time.perf_counter(), 0
+            window_start, window_tokens = time.perf_counter(), 0  # saving, like evaluation, is not training
         if stop.requested:
-            where = f"; {run.output} holds step {at.step}, continue with --resume {run.output}" if run.output else ""
-            raise TrainingInterrupted(f"interrupted after step {at.step}{where}")
+            raise TrainingInterrupted(f"interrupted after step {at.step}" + (
+                f"; {run.output} holds step {at.step}, continue with --resume {run.output}" if run.output else ""))
 
 
 def warn_short_warmup(config: TrainConfig) -> None:
