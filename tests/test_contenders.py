@@ -83,20 +83,22 @@ def test_two_arms_of_one_name_and_a_missing_file_are_refused(tmp_path, capsys):
 
 
 def test_the_shipped_optimizer_comparison_plans(grammar_shards, tmp_path):
-    """examples/compare-optimizers.yaml (docs/compare.md's optimizer section): 20 arms, two blocks under
-    AdamW at three rates, Muon at five and WSD, all on one budget, at the FFN widths of the
-    byte-level comparison; planned, nothing trained."""
+    """examples/compare-optimizers.yaml (docs/compare.md's optimizer section): 21 arms, two blocks under
+    AdamW at three rates (and Mamba-2 at 1e-2, past its grid's best), Muon at five and WSD, all on
+    one budget, at the FFN widths of the byte-level comparison; planned, nothing trained."""
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "examples" / "compare-optimizers.yaml"
     comparison = plan(read_contenders(path), tmp_path, tokens=2_000_000, data=grammar_shards, log=lambda _: None)
     trains = {run.arm: run.recipe["train"] for run in comparison.runs}
-    assert len(trains) == 20
+    assert len(trains) == 21
     widths = {run.arm: run.recipe["model"]["ffn"]["hidden"] for run in comparison.runs}
     assert all(width == (793 if arm.startswith("llama") else 487) for arm, width in widths.items())
     muon = [arm for arm, t in trains.items() if t["optimizer"]["kind"] == "muon"]
     assert len(muon) == 12 and all("muon" in arm for arm in muon)
-    assert {t["lr"] for arm, t in trains.items() if arm not in muon} == {3e-4, 1e-3, 3e-3}
+    adamw = [arm for arm in trains if arm not in muon and arm != "mamba2-adamw-1e-2"]
+    assert {trains[arm]["lr"] for arm in adamw} == {3e-4, 1e-3, 3e-3}
+    assert trains["mamba2-adamw-1e-2"]["lr"] == 1e-2 and trains["mamba2-adamw-1e-2"]["optimizer"]["kind"] == "adamw"
     assert {t["lr"] for arm, t in trains.items() if arm in muon} == {3e-4, 1e-3, 3e-3, 1e-2, 3e-2}
     assert [arm for arm, t in trains.items() if t["schedule"]["kind"] == "wsd"] == [
         "llama-adamw-1e-3-wsd", "llama-muon-1e-3-wsd", "mamba2-adamw-1e-3-wsd", "mamba2-muon-1e-3-wsd"]
