@@ -281,23 +281,28 @@ def _prepare_folder(run: Run, log: Callable[[str], None]) -> bool:
     """Write the run's recipe; True when the run still has to train. A folder whose recipe differs
     from the planned one (another budget, another width) holds a stale run: it starts over."""
     run.folder.mkdir(parents=True, exist_ok=True)
-    recipe_file = run.folder / "recipe.yaml"
-    if recipe_file.exists():
-        if not _same_recipe(yaml.safe_load(recipe_file.read_text(encoding="utf-8")), run.recipe):
-            log(f"{run.label}: its recipe changed since the last time; starting it over")
-            for name in ("model.safetensors", "result.json", "metrics.jsonl", "train.json", "wall.json"):
-                (run.folder / name).unlink(missing_ok=True)
-        elif (run.folder / "result.json").exists():
-            return False  # finished, and its recipe file stays as it trained
-    write_text_atomic(recipe_file, yaml.safe_dump(run.recipe, sort_keys=False))
+    planned = _stored_recipe_is_planned(run)
+    if planned is False:
+        log(f"{run.label}: its recipe changed since the last time; starting it over")
+        for name in ("model.safetensors", "result.json", "metrics.jsonl", "train.json", "wall.json"):
+            (run.folder / name).unlink(missing_ok=True)
+    elif planned and (run.folder / "result.json").exists():
+        return False  # finished, and its recipe file stays as it trained
+    write_text_atomic(run.folder / "recipe.yaml", yaml.safe_dump(run.recipe, sort_keys=False))
     return not (run.folder / "result.json").exists()
+
+
+def _stored_recipe_is_planned(run: Run) -> bool | None:
+    """Whether the run folder's recipe.yaml is the planned recipe; None when there is none."""
+    recipe_file = run.folder / "recipe.yaml"
+    if not recipe_file.exists():
+        return None
+    return _same_recipe(yaml.safe_load(recipe_file.read_text(encoding="utf-8")), run.recipe)
 
 
 def _finished(run: Run) -> bool:
     """Whether the run has finished as planned: its ``result.json`` beside the planned recipe."""
-    recipe_file = run.folder / "recipe.yaml"
-    return ((run.folder / "result.json").exists() and recipe_file.exists()
-            and _same_recipe(yaml.safe_load(recipe_file.read_text(encoding="utf-8")), run.recipe))
+    return (run.folder / "result.json").exists() and _stored_recipe_is_planned(run) is True
 
 
 def _same_recipe(stored: dict, planned: dict) -> bool:
