@@ -245,3 +245,41 @@ def test_more_arms_than_colours_are_told_apart_by_line_style(tmp_path, monkeypat
     per_figure = drawn[:16]
     assert len(set(per_figure)) == 16
     assert per_figure[0] == ("C0", "-") and per_figure[10] == ("C0", "--")
+
+
+def test_an_interrupted_runs_wall_time_counts_every_stretch(data, tmp_path, monkeypatch):
+    """Ctrl-C while a run trains adds that stretch to its wall.json; the run trained again later
+    reports the sum, not its last stretch alone. The clock is compare's own, advanced by hand."""
+    from types import SimpleNamespace
+
+    from seqzoo.lab import compare
+
+    comparison = plan([Arm("gpt", "tiny-gpt")], tmp_path, steps=2, data=data, overrides=SMALL)
+    clock, launched = [100.0], []
+    real_launch = compare._launch
+
+    def launch(run, threads):
+        launched.append(real_launch(run, threads))
+        return launched[-1]
+
+    def interrupt(seconds):
+        clock[0] += 30.0
+        launched[-1].kill()  # stopped before it saved anything: the next command trains it from the start
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "_launch", launch)
+    monkeypatch.setattr(compare, "time", SimpleNamespace(perf_counter=lambda: clock[0], sleep=interrupt))
+    with pytest.raises(KeyboardInterrupt):
+        compare.execute(comparison, tmp_path, threads=1, log=lambda message: None)
+    wall_file = tmp_path / "runs" / "gpt" / "seed0" / "wall.json"
+    assert json.loads(wall_file.read_text()) == {"seconds": 30.0}
+
+    def tick(seconds):
+        clock[0] += 1.0
+        sys.modules["time"].sleep(seconds)
+
+    monkeypatch.setattr(compare, "time", SimpleNamespace(perf_counter=lambda: clock[0], sleep=tick))
+    results = compare.execute(comparison, tmp_path, threads=1, log=lambda message: None)
+    second = clock[0] - 130.0
+    assert second >= 1.0 and results["runs"][0]["wall_seconds"] == round(30.0 + second, 1)
+    assert json.loads(wall_file.read_text()) == {"seconds": 30.0 + second}

@@ -240,17 +240,19 @@ def execute(comparison: Plan, output: str | Path, *, workers: int = 1, threads: 
                     continue
                 running.remove(item)
                 if code != 0:
+                    _add_wall(run, time.perf_counter() - started)
                     failures.append(run)
                     log(f"{run.label}: failed (exit {code}); see {run.folder / 'train.log'}")
                     continue
                 result = _finish(run, time.perf_counter() - started)
                 log(f"{run.label}: {_result_line(result)}")
     except KeyboardInterrupt:
-        for _, process, _ in running:
+        for run, process, started in running:
             try:
                 process.wait(timeout=60)  # the child got the same Ctrl-C and saves at a step boundary
             except subprocess.TimeoutExpired:
                 process.kill()
+            _add_wall(run, time.perf_counter() - started)
         raise
     results = collect(comparison, output)
     if failures:
@@ -330,12 +332,11 @@ def _launch(run: Run, threads: int) -> subprocess.Popen:
         return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=environment)
 
 
-def _finish(run: Run, wall: float) -> dict:
-    """Summarise a finished run into ``result.json`` (its marker of being done)."""
+def _finish(run: Run, stretch: float) -> dict:
+    """Summarise a finished run, whose last process took ``stretch`` seconds, into ``result.json``
+    (its marker of being done)."""
     metrics = json.loads((run.folder / "train.json").read_text(encoding="utf-8"))
-    wall_file = run.folder / "wall.json"
-    earlier = json.loads(wall_file.read_text())["seconds"] if wall_file.exists() else 0.0
-    write_text_atomic(wall_file, json.dumps({"seconds": earlier + wall}))
+    wall = _add_wall(run, stretch)
     history = metrics["history"]
     speeds = [e["tokens_per_s"] for e in history[1:] or history]
     curve = history  # every logged step: loss, tokens, seconds, held-out results, expert load, ...
@@ -343,11 +344,21 @@ def _finish(run: Run, wall: float) -> dict:
               "flops_per_token": metrics.get("flops_per_token"), "precision": metrics.get("precision"),
               "tokens_per_s": statistics.median(speeds) if speeds else None,
               "peak_memory_mb": max((e.get("peak_memory_mb", 0.0) for e in history), default=None),
-              "eval": metrics["eval"], "steps": metrics["steps"], "wall_seconds": round(earlier + wall, 1),
+              "eval": metrics["eval"], "steps": metrics["steps"], "wall_seconds": round(wall, 1),
               "train_seconds": history[-1].get("seconds") if history else None, "machine": machine(),
               "curve": curve}
     write_text_atomic(run.folder / "result.json", json.dumps(result, indent=1))
     return result
+
+
+def _add_wall(run: Run, seconds: float) -> float:
+    """Add one stretch of the run's process to its ``wall.json`` and return the sum: a run
+    interrupted and resumed across sessions (or failed and retried) reports every stretch it took,
+    not only the last."""
+    wall_file = run.folder / "wall.json"
+    total = (json.loads(wall_file.read_text())["seconds"] if wall_file.exists() else 0.0) + seconds
+    write_text_atomic(wall_file, json.dumps({"seconds": total}))
+    return total
 
 
 def _result_line(result: dict) -> str:
