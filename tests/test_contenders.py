@@ -53,22 +53,43 @@ def test_contenders_still_share_the_data_and_the_budget(tmp_path):
         plan(read_contenders(path), tmp_path, steps=2)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("contenders: []", r"expected a mapping with a non-empty list under 'contenders:'"),
-    ("contenders:\n  - {recipe: tiny-gpt, sett: [train.lr=1]}", r"contenders\[0\]: unknown key 'sett'; did you "
-                                                                  r"mean 'set'\?"),
-    ("contenders:\n  - {name: a}", r"contenders\[0\].recipe: expected a recipe path or shipped name, got None"),
-    ("contenders:\n  - {recipe: tiny-gpt, set: train.lr=1}", r"contenders\[0\].set: expected a list of KEY.PATH=VALUE"),
-    ("contenders:\n  - tiny-gpt", r"contenders\[0\]: expected a mapping of name, recipe and set, got 'tiny-gpt'"),
-    ("contenders:\n  - {recipe: tiny-gpt, name: 3}", r"contenders\[0\].name: expected a name, got 3"),
-    ("contenders: [", r"not valid YAML"),
+@pytest.mark.parametrize("text, line, message", [
+    ("contenders: []", 1, r"expected a mapping with a non-empty list under 'contenders:' \(each entry a mapping"),
+    ("contender:\n  - {recipe: tiny-gpt}", 1, r"expected .* under 'contenders:' \(did you mean 'contenders' for "
+                                              r"'contender'\?\)"),
+    ("contenders:\n  - {recipe: tiny-gpt, sett: [train.lr=1]}", 2, r"contenders\[0\]: unknown key 'sett'; did you "
+                                                                     r"mean 'set'\?"),
+    ("contenders:\n  - {name: a}", 2, r"contenders\[0\].recipe: expected a recipe path or shipped name, got None"),
+    ("contenders:\n  - {recipe: tiny-gpt}\n  - {recipe: nothere.yaml}", 3,
+     r"contenders\[1\].recipe: no such file .*nothere.yaml \(a recipe path is relative to the contender file"),
+    ("contenders:\n  - {recipe: tiny-gpt, set: train.lr=1}", 2,
+     r"contenders\[0\].set: expected a list of KEY.PATH=VALUE"),
+    ("contenders:\n  -\n    recipe: tiny-gpt\n    set: [train.lr]", 3,
+     r"contenders\[0\].set\[0\]: expected KEY.PATH=VALUE \(such as train.lr=1.0e-3\), got 'train.lr', which has no "
+     r"'='"),
+    ("contenders:\n  - tiny-gpt", 2, r"contenders\[0\]: expected a mapping of name, recipe and set, got 'tiny-gpt'"),
+    ("contenders:\n  - {recipe: tiny-gpt, name: 3}", 2, r"contenders\[0\].name: expected a name, got 3"),
+    ("contenders:\n  - {recipe: tiny-gpt}\n  - [", 3, r"invalid YAML"),
 ])
-def test_a_contender_file_that_is_wrong_says_where(tmp_path, text, message):
+def test_a_contender_file_that_is_wrong_says_where(tmp_path, text, line, message):
+    from seqzoo.errors import SeqzooError
+
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    with pytest.raises(CompareError, match=rf"--contenders {path}: .*{message}" if "contenders[" not in message
-                       else rf"--contenders {path}: {message}"):
+    with pytest.raises(SeqzooError, match=rf"^{path}:{line}: {message}"):
         read_contenders(path)
+
+
+def test_a_contenders_override_that_is_wrong_names_its_file_and_line(tmp_path, grammar_shards, capsys):
+    """A mistake in a contender's `set:` is reported at its line in the contender file (not as the
+    command's --set), as a recipe's own mistakes are."""
+    path = tmp_path / "c.yaml"
+    path.write_text("contenders:\n  - {name: a, recipe: tiny-gpt}\n  - name: b\n    recipe: tiny-gpt\n"
+                    "    set: [train.lr=1.0e-3,\n          train.lrr=1.0e-3]\n")
+    assert main(["compare", "--contenders", str(path), "--data", grammar_shards, "--steps", "2",
+                 "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"seqzoo: error: {path}:6: train.lrr: unknown key 'lrr'; did you mean 'lr'?")
 
 
 def test_two_arms_of_one_name_and_a_missing_file_are_refused(tmp_path, capsys):
@@ -102,3 +123,34 @@ def test_the_shipped_optimizer_comparison_plans(grammar_shards, tmp_path):
     assert {t["lr"] for arm, t in trains.items() if arm in muon} == {3e-4, 1e-3, 3e-3, 1e-2, 3e-2}
     assert [arm for arm, t in trains.items() if t["schedule"]["kind"] == "wsd"] == [
         "llama-adamw-1e-3-wsd", "llama-muon-1e-3-wsd", "mamba2-adamw-1e-3-wsd", "mamba2-muon-1e-3-wsd"]
+
+
+@pytest.mark.parametrize("subset", ["compare-optimizers-wsd.yaml", "compare-optimizers-best.yaml"])
+def test_the_optimizer_figures_subsets_read_the_comparisons_own_runs(subset):
+    """The contender files of docs/compare.md's schedule and best-of figures list arms of
+    examples/compare-optimizers.yaml, each exactly as it is there (name, recipe and overrides), so
+    `--report-only` reads that comparison's runs instead of counting them as other recipes."""
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    every = {arm.name: arm for arm in read_contenders(examples / "compare-optimizers.yaml")}
+    arms = read_contenders(examples / subset)
+    assert len(arms) >= 4 and all(arm == every[arm.name] for arm in arms)
+
+
+def test_the_best_of_figure_holds_each_optimizers_best_committed_rate():
+    """examples/compare-optimizers-best.yaml names, for each block and optimizer, the cosine run with
+    the lowest held-out loss among the committed runs of docs/compare/optimizers/runs/."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    losses = {path.parent.parent.name: json.loads(path.read_text())["eval"]["loss"]
+              for path in (root / "docs" / "compare" / "optimizers" / "runs").glob("*/seed0/result.json")}
+    best = {}
+    for name, loss in losses.items():
+        block, optimizer, *rate = name.split("-")
+        if rate[-1] != "wsd" and loss < losses.get(best.get((block, optimizer)), float("inf")):
+            best[(block, optimizer)] = name
+    chosen = [arm.name for arm in read_contenders(root / "examples" / "compare-optimizers-best.yaml")]
+    assert sorted(chosen) == sorted(best.values()) and len(chosen) == 4

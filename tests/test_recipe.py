@@ -147,6 +147,26 @@ def test_duplicate_key_is_an_error(tmp_path):
         resolve(write(tmp_path, "r.yaml", TINY.replace("  layers: 2\n", "  layers: 2\n  layers: 3\n")))
 
 
+def test_yaml_merge_keys_merge_and_their_errors_keep_their_lines(tmp_path):
+    """`<<:` (YAML's merge key) reads as YAML says: the merged keys, the mapping's own winning; an
+    error in a merged key points at the line it is written on."""
+    text = textwrap.dedent("""\
+        seqzoo: 1
+        extends: tiny-gpt
+        model:
+          attention: &attention {heads: 2, bias: true}
+          ffn:
+            <<: [{hidden: 48}, {dropout: 0.1}]
+          layers: 3
+        """)
+    model = resolve(write(tmp_path, "r.yaml", text)).data["model"]
+    assert model["layers"] == 3 and model["attention"]["bias"] is True
+    assert model["ffn"]["hidden"] == 48 and model["ffn"]["dropout"] == 0.1
+    wrong = text.replace("dropout: 0.1", "dropuot: 0.1")
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:6: model\.ffn\.dropuot: unknown key 'dropuot'; did you"):
+        resolve(write(tmp_path, "r.yaml", wrong))
+
+
 def test_invalid_yaml_reports_the_line(tmp_path):
     with pytest.raises(seqzoo.RecipeError, match=r"/r\.yaml:\d+: invalid YAML"):
         resolve(write(tmp_path, "r.yaml", TINY + "  oops: [unclosed\n"))

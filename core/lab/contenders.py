@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from ..errors import closest
+from ..recipe import Override
+from ..recipe.yaml_lines import read_yaml
 from ..schema import describe
 from .compare import Arm, CompareError, arm_names
 
@@ -28,41 +28,51 @@ KEYS = ("name", "recipe", "set")
 
 
 def read_contenders(path: str | Path) -> list[Arm]:
-    """The arms a contender file lists, in its order (a CompareError names the file, the entry and
-    the key that is wrong)."""
+    """The arms a contender file lists, in its order (a CompareError or RecipeError names the file,
+    the line, the entry and the key that is wrong; a contender's overrides name their own line)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data, where = read_yaml(path.read_text(encoding="utf-8"), str(path))
     except OSError as error:
         raise CompareError(f"--contenders {path}: cannot read it ({error.strerror or error})") from None
-    except yaml.YAMLError as error:
-        raise CompareError(f"--contenders {path}: not valid YAML ({str(error).splitlines()[0]})") from None
     entries = data.get("contenders") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise CompareError(f"--contenders {path}: expected a mapping with a non-empty list under 'contenders:' "
-                           f"(each a mapping of name, recipe and set)")
+        typo = next((str(key) for key in data if key != "contenders" and closest(str(key), ["contenders"])), None) \
+            if isinstance(data, dict) else None
+        fix = f"did you mean 'contenders' for {typo!r}?" if typo else "each entry a mapping of name, recipe and set"
+        raise CompareError(f"{path}:1: expected a mapping with a non-empty list under 'contenders:' ({fix})")
     arms = []
     for index, entry in enumerate(entries):
-        where = f"--contenders {path}: contenders[{index}]"
+        line = where.get(("contenders", index), (str(path), 1))[1]
+        at = f"{path}:{line}: contenders[{index}]"
         if not isinstance(entry, dict):
-            raise CompareError(f"{where}: expected a mapping of name, recipe and set, got {describe(entry)}")
+            raise CompareError(f"{at}: expected a mapping of name, recipe and set, got {describe(entry)}")
         for key in entry:
             if key not in KEYS:
                 match = closest(str(key), KEYS)
                 fix = f"did you mean {match!r}?" if match else f"the keys are {', '.join(KEYS)}"
-                raise CompareError(f"{where}: unknown key {key!r}; {fix}")
+                raise CompareError(f"{at}: unknown key {key!r}; {fix}")
         recipe = entry.get("recipe")
         if not isinstance(recipe, str) or not recipe:
-            raise CompareError(f"{where}.recipe: expected a recipe path or shipped name, got {describe(recipe)}")
-        overrides = entry.get("set", [])
-        if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
-            raise CompareError(f"{where}.set: expected a list of KEY.PATH=VALUE overrides, got {describe(overrides)}")
+            raise CompareError(f"{at}.recipe: expected a recipe path or shipped name, got {describe(recipe)}")
         local = path.parent / recipe
+        if recipe.endswith((".yaml", ".yml")) and not local.is_file():
+            raise CompareError(f"{at}.recipe: no such file {local} (a recipe path is relative to the contender "
+                               f"file; a shipped recipe is named without .yaml)")
         resolved = str(local) if recipe.endswith((".yaml", ".yml")) or local.exists() else recipe
+        overrides = entry.get("set", [])
+        if not isinstance(overrides, list):
+            raise CompareError(f"{at}.set: expected a list of KEY.PATH=VALUE overrides, got {describe(overrides)}")
+        for number, override in enumerate(overrides):
+            if not isinstance(override, str) or "=" not in override:
+                raise CompareError(f"{at}.set[{number}]: expected KEY.PATH=VALUE (such as train.lr=1.0e-3), got "
+                                   f"{override!r}" + (", which has no '='" if isinstance(override, str) else ""))
         name = entry.get("name", arm_names([recipe])[0])
         if not isinstance(name, str) or not name:
-            raise CompareError(f"{where}.name: expected a name, got {describe(name)}")
-        arms.append(Arm(name, resolved, tuple(overrides)))
+            raise CompareError(f"{at}.name: expected a name, got {describe(name)}")
+        located = tuple(Override(text, where.get(("contenders", index, "set", number), (str(path), line)))
+                        for number, text in enumerate(overrides))
+        arms.append(Arm(name, resolved, located))
     return arms
 
 

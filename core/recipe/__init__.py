@@ -201,34 +201,49 @@ def _key_paths(data: dict, prefix: tuple = ()):
             yield from _key_paths(value, (*prefix, key))
 
 
+class Override(str):
+    """A ``KEY.PATH=VALUE`` override written in a file (a contender file's ``set:``): a string like
+    any override, that also knows its file and line, so its errors point there, not at ``--set[i]``."""
+
+    location: Location
+
+    def __new__(cls, text: str, location: Location) -> Override:
+        override = super().__new__(cls, text)
+        override.location = location
+        return override
+
+    def __getnewargs__(self) -> tuple[str, Location]:  # copies and pickles keep the location
+        return str(self), self.location
+
+
 def _apply_override(source: _Source, override: str, index: int) -> None:
-    label = f"--set[{index}]"
+    label, line = override.location if isinstance(override, Override) else (f"--set[{index}]", 1)
     key, sep, text = override.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise RecipeError(f"{label}:1: {override!r}: an override is key.path=value, e.g. model.layers=4")
+        raise RecipeError(f"{label}:{line}: {override!r}: an override is key.path=value, e.g. model.layers=4")
     path = tuple(key.split("."))
     if any(not part for part in path):
-        raise RecipeError(f"{label}:1: {key}: empty key in the path")
+        raise RecipeError(f"{label}:{line}: {key}: empty key in the path")
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as error:
-        raise RecipeError(f"{label}:1: {key}: value {text!r} is not valid YAML "
+        raise RecipeError(f"{label}:{line}: {key}: value {text!r} is not valid YAML "
                           f"({str(error).splitlines()[0]})") from None
     node = source.data
     for depth, part in enumerate(path[:-1]):
         if not isinstance(node.get(part), dict):
             if part in node and node[part] is not None and not isinstance(node[part], str):
-                raise RecipeError(f"{label}:1: {dotted(path[: depth + 1])}: is not a mapping, cannot set {key}")
+                raise RecipeError(f"{label}:{line}: {dotted(path[: depth + 1])}: is not a mapping, cannot set {key}")
             if part not in node:  # a key the override brings: its mistakes are the override's
-                source.where[path[: depth + 1]] = (label, 1)
+                source.where[path[: depth + 1]] = (label, line)
             # A component named by a string becomes a mapping so a parameter can be set on it.
             node[part] = {"kind": node[part]} if isinstance(node.get(part), str) else {}
         node = node[part]
     _merge(node, {path[-1]: value}, path[:-1], source.where)
     for stale in [p for p in source.where if p[: len(path)] == path]:
         del source.where[stale]
-    source.where[path] = (label, 1)
+    source.where[path] = (label, line)
 
 
 # -- the entry point -------------------------------------------------------------------------------
@@ -330,5 +345,5 @@ def _check_vocab(tokenizer_cls: type, data: dict) -> None:
         )
 
 
-__all__ = ["FORMAT_VERSION", "MAX_ERRORS", "Requirement", "Resolved", "parse_requirement", "resolve", "shipped_recipes",
-           "validate"]
+__all__ = ["FORMAT_VERSION", "MAX_ERRORS", "Override", "Requirement", "Resolved", "parse_requirement", "resolve",
+           "shipped_recipes", "validate"]

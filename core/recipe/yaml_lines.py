@@ -13,6 +13,8 @@ MAX_NESTING = 32  # mappings and lists inside each other
 
 Location = tuple[str, int]  # (file, 1-based line)
 
+MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *base` — YAML's merge key
+
 
 def read_yaml(text: str, file: str) -> tuple[Any, dict[tuple, Location]]:
     """Parse ``text`` safely; return the data and the line of every key path (1-based)."""
@@ -60,7 +62,11 @@ def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: set[int]) 
     seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         keys: dict[Any, int] = {}
+        merged = []
         for key_node, value_node in node.value:
+            if key_node.tag == MERGE_TAG:
+                merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                continue
             key = key_node.value
             line = key_node.start_mark.line + 1
             if key in keys and isinstance(key_node, yaml.ScalarNode):
@@ -72,6 +78,13 @@ def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: set[int]) 
             child = (*path, _scalar(key_node))
             where[child] = (file, line)
             _walk(value_node, child, where, file, seen)
+        # a merged mapping's keys belong to this one; a key written here wins over a merged one, and
+        # of several merged mappings PyYAML's data keeps the last one's value, so its line is kept too
+        for source in reversed(merged):
+            lines: dict[tuple, Location] = {}
+            _walk(source, path, lines, file, seen)
+            for key_path, location in lines.items():
+                where.setdefault(key_path, location)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             where[(*path, index)] = (file, item.start_mark.line + 1)
