@@ -4,6 +4,7 @@ refusals made before anything trains."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -205,6 +206,7 @@ def test_report_only_tables_the_finished_runs_and_trains_nothing(data, tmp_path,
     assert main([*report, "--set", "train.lr=5.0e-4"]) == 0  # another recipe than the one tiny-gpt trained
     err = capsys.readouterr().err
     assert "training" not in err and "tiny-gpt seed 0: its result was trained with another recipe" in err
+    assert re.search(r"another recipe than the planned one \(train\.lr: [0-9.e-]+ in the run, 0\.0005 planned\)", err)
     assert "Not finished: tiny-gpt seed 0, tiny-llama seed 0." in (out / "results.md").read_text()
     assert sorted((out / "runs" / "tiny-gpt" / "seed0").iterdir()) == finished
     assert [path.stat().st_mtime_ns for path in finished] == stamps
@@ -212,6 +214,16 @@ def test_report_only_tables_the_finished_runs_and_trains_nothing(data, tmp_path,
     typo = tmp_path / "cmpp"  # not the folder the runs trained into: refused, and nothing is made
     assert main(["compare", "tiny-gpt", "--data", data, "--steps", "2", "-o", str(typo), "--report-only", *args()]) == 2
     assert f"{typo}: no runs to report" in capsys.readouterr().err and not typo.exists()
+
+
+def test_a_missing_data_folder_is_refused_before_any_run_starts(tmp_path, capsys):
+    missing = tmp_path / "nodata"
+    assert main(["compare", "tiny-gpt", "tiny-llama", "--data", str(missing), "--steps", "2", "-o",
+                 str(tmp_path / "out"), *args()]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"seqzoo: error: {missing}: no such data folder; prepare one with `seqzoo data prepare SRC... "
+                   f"-o {missing}`"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_shipped_comparison_plans_every_block_at_gpt2s_parameter_count(tmp_path):

@@ -53,6 +53,10 @@ def _cmd_compare(args) -> int:
             raise InputError(f"{flag} must be >= 1, got {value}")
     if not args.recipes and not args.contenders:
         raise InputError("seqzoo compare: give the recipes to compare, or --contenders FILE")
+    if args.data is not None and not args.report_only:  # here, not once in every run's log
+        from ..data.shards import read_manifest
+
+        read_manifest(args.data)
     arms = with_contenders(args.recipes, args.contenders)
     results = compare(arms, args.output, steps=args.steps, tokens=args.tokens, seeds=parse_seeds(args.seeds),
                       data=args.data, overrides=args.overrides, match_params=args.match_params,

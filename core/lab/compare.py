@@ -269,8 +269,8 @@ def _report(comparison: Plan, output: Path, log: Callable[[str], None], every_ru
     unfinished = [run for run in comparison.runs if not _finished(run)]
     for run in unfinished:
         if (run.folder / "result.json").exists():
-            why = ("was trained with another recipe than the planned one" if (run.folder / "recipe.yaml").exists()
-                   else "has no recipe.yaml beside it")
+            why = (f"was trained with another recipe than the planned one ({_recipe_change(run)})"
+                   if (run.folder / "recipe.yaml").exists() else "has no recipe.yaml beside it")
             log(f"{run.label}: its result {why}, so it is not reported")
     if every_run and unfinished:
         shown = ", ".join(run.label for run in unfinished[:3]) + (", ..." if len(unfinished) > 3 else "")
@@ -285,7 +285,7 @@ def _prepare_folder(run: Run, log: Callable[[str], None]) -> bool:
     run.folder.mkdir(parents=True, exist_ok=True)
     planned = _stored_recipe_is_planned(run)
     if planned is False:
-        log(f"{run.label}: its recipe changed since the last time; starting it over")
+        log(f"{run.label}: its recipe changed since the last time ({_recipe_change(run)}); starting it over")
         for name in ("model.safetensors", "result.json", "metrics.jsonl", "train.json", "wall.json"):
             (run.folder / name).unlink(missing_ok=True)
     elif planned and (run.folder / "result.json").exists():
@@ -300,6 +300,37 @@ def _stored_recipe_is_planned(run: Run) -> bool | None:
     if not recipe_file.exists():
         return None
     return _same_recipe(yaml.safe_load(recipe_file.read_text(encoding="utf-8")), run.recipe)
+
+
+def _recipe_change(run: Run) -> str:
+    """Where the run folder's recipe and the planned one first differ, once both are resolved:
+    ``key.path: A in the run, B planned``."""
+    stored = yaml.safe_load((run.folder / "recipe.yaml").read_text(encoding="utf-8"))
+    try:
+        stored, planned = resolve(stored).data, resolve(run.recipe).data
+    except SeqzooError:
+        planned = run.recipe
+    path, was, now = _first_difference(stored, planned, ()) or ((), stored, planned)
+
+    def shown(value) -> str:
+        text = "absent" if value is _ABSENT else repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return f"{'.'.join(map(str, path)) or 'the recipe'}: {shown(was)} in the run, {shown(now)} planned"
+
+
+_ABSENT = object()
+
+
+def _first_difference(a, b, path: tuple) -> tuple | None:
+    """The first key path where two nested mappings differ, with both values (``_ABSENT`` where
+    one lacks the key); None when they are equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(key for key in b if key not in a)]:
+            found = _first_difference(a.get(key, _ABSENT), b.get(key, _ABSENT), (*path, key))
+            if found:
+                return found
+        return None
+    return None if a == b else (path, a, b)
 
 
 def _finished(run: Run) -> bool:
