@@ -69,6 +69,11 @@ class InputError(SeqzooError, ValueError):
     """Inputs a model cannot take (a sequence longer than its position table, a full cache)."""
 
 
+class OutputIsFolder(SeqzooError, IsADirectoryError):
+    """An output file's path names an existing folder. Also an ``IsADirectoryError``, as the write
+    would have raised: code that tolerates a failed write (``except OSError``) still catches it."""
+
+
 class TrainingError(SeqzooError):
     """Training cannot go on: a non-finite loss, or a model, tokenizer or data the task cannot use."""
 

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from .errors import InputError, OutputIsFolder
+
 _UMASK_LOCK = threading.Lock()
 
 
@@ -39,14 +41,40 @@ def umask() -> int:
     return mask
 
 
+def refuse_folder(path: str | os.PathLike, example: str, option: str | None = None) -> None:
+    """Refuse an output file ``path`` that is an existing folder, suggesting the file ``example``
+    inside it (``option``: the command-line option that gave the path, named first). Every command
+    that writes a file says it in these words; a command calls it before its work, so a long run
+    never ends with nowhere to put its result."""
+    path = Path(path)
+    if path.is_dir():
+        given = f"{option} {path}" if option else str(path)
+        raise OutputIsFolder(f"{given}: is a directory; give a file name such as {path / example}")
+
+
+def check_output_file(path: str | os.PathLike, example: str, option: str | None = None) -> None:
+    """``refuse_folder``, and refuse a ``path`` whose folder does not exist: the checks a command
+    makes before its work on an output file it does not create folders for."""
+    refuse_folder(path, example, option)
+    folder = Path(path).parent
+    if not folder.is_dir():
+        given = f"{option} {path}" if option else str(path)
+        raise InputError(f"{given}: the folder {folder} does not exist; create it first (mkdir -p {folder})")
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """Write ``path`` atomically: ``write(tmp)`` fills a temp file in the same folder, which then
     replaces ``path`` with the mode ``open()`` would give it (``0o666 & ~umask``).
 
-    Raises ``FolderNotWritable`` (an OSError) when no temp file can be made in the folder, and
-    re-raises whatever ``write``, the fsync or the rename raise, after deleting the temp file.
+    Raises ``OutputIsFolder`` (a SeqzooError and an IsADirectoryError) when ``path`` is a folder,
+    before ``write`` runs; ``FolderNotWritable`` (an OSError) when no temp file can be made in the
+    folder; and re-raises whatever ``write``, the fsync or the rename raise, after deleting the
+    temp file.
     """
     path = Path(path)
+    # Checked here as well as by the commands: the rename would fail only after ``write`` had done
+    # its work, with an OSError naming the temp file rather than the path given.
+    refuse_folder(path, f"file{path.suffix}")
     folder = path.parent
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)

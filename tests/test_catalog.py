@@ -167,6 +167,12 @@ def test_from_an_unknown_origin_exits_2_with_one_line(fresh, capsys):
     assert len(err) == 1 and "--from seqzoo-nope: no component comes from a plugin" in err[0]
 
 
+def test_an_output_that_is_a_folder_exits_2_naming_it(tmp_path, capsys):
+    assert main(["catalog", "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"seqzoo: error: -o {tmp_path}: is a directory; give a file name "
+                                               f"such as {tmp_path / 'components.md'}")
+
+
 @pytest.mark.parametrize("doc, parts", [
     ("One line.", [("text", "One line.")]),
     ("First\nparagraph.\n\nSecond.", [("text", "First paragraph.")]),

@@ -54,6 +54,21 @@ def test_metadata_holds_format_recipe_and_components(tmp_path, tiny_gpt):
     assert components["model"]["plugin"] == "seqzoo.plugins.model.decoder_lm"
 
 
+def test_a_format_this_seqzoo_does_not_know_is_refused_and_a_file_without_one_loads(tmp_path, tiny_gpt):
+    from safetensors.torch import load_file, save_file
+
+    seqzoo.save(tiny_gpt, tmp_path / "m.safetensors")
+    with safe_open(str(tmp_path / "m.safetensors"), "pt") as handle:
+        meta = handle.metadata()
+    tensors = load_file(tmp_path / "m.safetensors")
+    save_file(tensors, tmp_path / "new.safetensors", metadata={**meta, "seqzoo.format": "99"})
+    with pytest.raises(seqzoo.CheckpointError, match=r"new\.safetensors: checkpoint format '99', but this "
+                                                     r"seqzoo reads format '1'; upgrade seqzoo to load it"):
+        seqzoo.load(tmp_path / "new.safetensors", device="cpu")
+    save_file(tensors, tmp_path / "old.safetensors", metadata={k: v for k, v in meta.items() if k != "seqzoo.format"})
+    assert torch.equal(seqzoo.load(tmp_path / "old.safetensors", device="cpu").embed.weight, tiny_gpt.embed.weight)
+
+
 def test_save_records_the_actual_dtype(tmp_path, tiny_gpt):
     seqzoo.save(tiny_gpt.to(torch.float64), tmp_path / "m.safetensors")
     assert seqzoo.load(tmp_path / "m.safetensors", device="cpu").embed.weight.dtype == torch.float64

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -203,6 +205,62 @@ def test_a_missing_field_lists_the_fields_that_exist(tmp_path):
                                         r"--field"):
         prepare([str(tmp_path / "a.jsonl")], tmp_path / "out", bytes_info(), workers=0)
     prepare([str(tmp_path / "a.jsonl")], tmp_path / "out", bytes_info(), field="body", workers=0)
+
+
+def test_a_record_without_the_field_is_refused_by_file_and_line_not_dropped(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n\n{"text": null}\n{"body": "b", "id": 3}\n')
+    with pytest.raises(DataError, match=r"a\.jsonl:4: the record has no field 'text' \(its fields: body, id\); "
+                                        r"give every record the text in 'text', or choose the field that holds "
+                                        r"it with --field"):
+        prepare([str(tmp_path / "a.jsonl")], tmp_path / "out", bytes_info(), workers=0)
+    (tmp_path / "b.json").write_text('[{"text": "a"}, {"body": "b"}]')
+    with pytest.raises(DataError, match=r"b\.json: record 2 has no field 'text' \(its fields: body\)"):
+        prepare([str(tmp_path / "b.json")], tmp_path / "out", bytes_info(), workers=0)
+    (tmp_path / "c.jsonl").write_text('{"text": "a"}\n{"text": null}\n')  # a null stays an empty document
+    assert prepare([str(tmp_path / "c.jsonl")], tmp_path / "out", bytes_info(), workers=0).manifest
+
+
+def test_a_json_file_that_is_valid_json_says_what_is_wrong_with_it(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "one.json").write_text('{\n  "a": [1, "x"],\n  "b": {"c": 1}\n}\n')
+    with pytest.raises(DataError, match=r"one\.json: one JSON object with no field 'text' \(its keys: a, b\), not "
+                                        r"records; give a JSON list of objects or JSON lines"):
+        prepare([str(tmp_path / "one.json")], tmp_path / "out", bytes_info(), workers=0)
+    (tmp_path / "str.json").write_text('"just text"')
+    with pytest.raises(DataError, match=r"str\.json: a JSON str, not records"):
+        prepare([str(tmp_path / "str.json")], tmp_path / "out", bytes_info(), workers=0)
+
+
+def test_a_jsonl_parse_error_prints_seqzoos_line_only(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
+    # A fresh process: datasets' log handler keeps the stderr it found when first used, which in
+    # this one is pytest's capture of an earlier test.
+    out = subprocess.run([sys.executable, "-m", "seqzoo", "data", "prepare", str(tmp_path / "bad.jsonl"), "-o",
+                          str(tmp_path / "o"), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    err = out.stderr.strip()
+    assert err.splitlines() == [f"seqzoo: error: {tmp_path / 'bad.jsonl'}:2: not JSON (Expecting value: line 2 "
+                                f"column 1 (char 10)); each line of a .jsonl file is one JSON object"]
+
+
+def test_the_output_is_a_folder_outside_the_sources(tmp_path, capsys):
+    source = corpus(tmp_path / "src", {"a.txt": "one", "b.txt": "two"})
+    (tmp_path / "file").write_text("x")
+    for output, message in [
+            (tmp_path / "file", f"-o {tmp_path / 'file'}: {tmp_path / 'file'} is a file, not a folder"),
+            (source, f"-o {source}: is the source folder itself, so the next run would read the shards back"),
+            (source / "shards", f"-o {source / 'shards'}: is inside the source folder {source}, so the next run "
+                                f"would read the shards back as input; write them outside it (e.g. -o "
+                                f"{os.path.relpath(tmp_path / 'src-shards')}), or add --exclude shards")]:
+        assert main(["data", "prepare", str(source), "-o", str(output), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"seqzoo: error: {message}"), err
+    assert sorted(os.listdir(source)) == ["a.txt", "b.txt"]  # nothing written into it
+    # The walk skips an excluded or hidden folder, so the shards may go there.
+    assert main(["data", "prepare", str(source), "-o", str(source / ".shards"), "--quiet"]) == 0
+    assert main(["data", "prepare", str(source), "--exclude", "shards", "-o", str(source / "shards"), "--quiet"]) == 0
 
 
 def test_a_vocabulary_too_large_for_the_dtype_is_caught(tmp_path):

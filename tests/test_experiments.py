@@ -119,6 +119,13 @@ def test_bad_thread_count_exits_2(tmp_path, capsys):
     assert "threads=0 must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["moe", "recall", "vanishing-gradients"])
+def test_no_workers_exits_2_before_anything_trains(tmp_path, capsys, name):
+    assert main(["experiment", name, "--quick", "--workers", "0", "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "seqzoo: error: --workers must be >= 1, got 0"
+    assert not list(tmp_path.iterdir())
+
+
 def test_scores_are_exact_match_and_per_character_accuracy():
     pairs = [("abc", "abc"), ("ab", "ba"), ("xyz", "zyx")]
     predictions = ["abc", "bb", "z"]  # right; 1 of 2 characters; 1 of 3 (too short)

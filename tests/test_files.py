@@ -11,6 +11,7 @@ import pytest
 
 import seqzoo
 from seqzoo import files
+from seqzoo.errors import SeqzooError
 from seqzoo.files import FolderNotWritable, atomic_write, write_text_atomic
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
@@ -83,6 +84,17 @@ def test_missing_folder_is_folder_not_writable(tmp_path):
     with pytest.raises(FolderNotWritable) as info:
         write_text_atomic(tmp_path / "gone" / "f.txt", "x")
     assert isinstance(info.value, OSError) and info.value.filename == str(tmp_path / "gone")
+
+
+def test_a_folder_as_the_target_is_refused_by_name_before_the_write(tmp_path):
+    (tmp_path / "out").mkdir()
+    called = []
+    with pytest.raises(SeqzooError) as info:
+        atomic_write(tmp_path / "out", called.append)
+    folder = tmp_path / "out"
+    assert str(info.value) == f"{folder}: is a directory; give a file name such as {folder / 'file'}"
+    assert isinstance(info.value, IsADirectoryError)  # code that tolerates a failed write still catches it
+    assert called == [] and os.listdir(tmp_path) == ["out"]  # no work done, no temp file left
 
 
 @posix_only

@@ -130,6 +130,8 @@ def test_configuration_errors_name_the_option_and_the_fix():
         mixer(value_heads=3)
     with pytest.raises(ConfigError, match=r"dim=32 must be divisible by heads=3, or set head_dim"):
         seqzoo.registry().create("mixer", {"kind": "gated_deltanet", "heads": 3}, C)
+    with pytest.raises(ConfigError, match=r"dt_min=0.5 is above dt_max=0.1; swap them"):
+        mixer(dt_min=0.5, dt_max=0.1)
 
 
 def test_the_l2_norm_adds_its_epsilon_inside_the_root():

@@ -67,7 +67,10 @@ def test_generate_restores_training_mode(tiny_gpt):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+    ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got inf"),
+    ({"beam_size": 2, "length_penalty": float("nan")}, "length_penalty must be a finite number, got nan"),
     ({"top_k": 0}, "top_k must be >= 1"),
     ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
 ])

@@ -150,3 +150,19 @@ def test_cli_import_and_export(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "llama, 2 layers, dim 64" in out and "F32" in out
     assert main(["import-gguf", str(tmp_path / "nope.gguf"), "-o", str(tmp_path / "x.safetensors")]) == 2
+
+
+def test_export_to_a_folder_or_a_missing_folder_is_refused_before_any_work(tmp_path, capsys):
+    from seqzoo.cli import main
+
+    seqzoo.save(small_llama(), tmp_path / "m.safetensors")
+    (tmp_path / "out").mkdir()
+    assert main(["export-gguf", str(tmp_path / "m.safetensors"), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (f"seqzoo: error: {tmp_path / 'out'}: is a directory; give a file "
+                                               f"name such as {tmp_path / 'out' / 'model.gguf'}")
+    assert main(["export-gguf", str(tmp_path / "m.safetensors"), str(tmp_path / "gone" / "m.gguf")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"the folder {tmp_path / 'gone'} does not exist; create it "
+                                                    f"first (mkdir -p {tmp_path / 'gone'})")
+    with pytest.raises(seqzoo.SeqzooError, match="is a directory"):
+        to_gguf(small_llama(), tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors", "out"]  # no out.partial left behind

@@ -249,11 +249,23 @@ def test_cli_import_of_a_bad_folder_exits_2_with_one_line(tmp_path, capsys):
      r"model\.safetensors: not a readable safetensors file"),
     (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors.index.json").write_text("{}")),
      r"model\.safetensors\.index\.json: not a safetensors index \(KeyError"),
+    (lambda d: (d / "tokenizer.json").write_text("{bad"), r"hf/tokenizer\.json: not a valid tokenizer\.json \("),
 ])
 def test_unreadable_files_are_named(gpt2_folder, write, message):
     write(gpt2_folder)
     with pytest.raises(seqzoo.CheckpointError, match=message):
         seqzoo.from_hf(gpt2_folder)
+
+
+def test_a_stored_tokenizer_that_does_not_parse_is_named_by_its_checkpoint(gpt2_folder, tmp_path, capsys):
+    # a checkpoint imported before tokenizer.json was checked on import
+    model = seqzoo.from_hf(gpt2_folder)
+    model.tokenizer_state = "{bad"
+    seqzoo.save(model, tmp_path / "m.safetensors")
+    assert cli("generate", str(tmp_path / "m.safetensors"), "--prompt", "ab") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"seqzoo: error: {tmp_path / 'm.safetensors'}: hf tokenizer: not a valid tokenizer.json (")
+    assert err.count("\n") == 1
 
 
 def test_index_that_lists_a_tensor_in_the_wrong_shard_is_an_error(gpt2_folder):

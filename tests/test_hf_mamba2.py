@@ -230,6 +230,7 @@ def test_mamba2_bare_backbone_with_the_old_embedding_name_imports(imported, tmp_
     ("mamba2-groups", {"expand": 1.5}, r"expand 1.5 is not supported; it must be a positive integer"),
     ("mamba2-groups", {"time_step_limit": [0.1]}, r"time_step_limit \[0.1\] is not supported"),
     ("mamba2-groups", {"time_step_limit": [0.2, 0.1]}, r"time_step_limit \[0.2, 0.1\] is not supported"),
+    ("mamba2-groups", {"time_step_limit": [0.1, 0.1]}, r"time_step_limit \[0.1, 0.1\] is not supported"),
     ("bamba-cut-short", {"hidden_act": "gelu"}, r"hidden_act 'gelu' is not supported for bamba"),
     ("bamba-cut-short", {"time_step_limit": None}, r"time_step_limit None is not supported"),
     ("bamba-cut-short", {"attn_layer_indices": [2, 7]}, r"attn_layer_indices \[2, 7\] is not supported"),

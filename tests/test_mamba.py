@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import seqzoo
 from seqzoo import reference
-from seqzoo.errors import PerformanceWarning
+from seqzoo.errors import PerformanceWarning, RecipeError
 from seqzoo.plugins.mixer._selective_scan import (
     LOG_DECAY_LIMIT,
     chunk_length,
@@ -322,3 +322,19 @@ def test_a_mimetic_start_gives_c_the_b_of_every_token_and_almost_no_decay(spec):
         assert torch.exp(-0.01 * 0.1 * torch.tensor(512.0)) > 0.5
         B, C = b_and_c(seqzoo.registry().create("mixer", spec, 16))
         assert not torch.allclose(B, C, atol=1e-3)
+
+
+@pytest.mark.parametrize("mixer, error", [
+    ("{kind: mamba2, dt_limit: [0.1, 0.2, 0.3]}", r"model\.mixer\.dt_limit: expected 2 items, got 3"),
+    ("{kind: mamba2, dt_limit: [0.5]}", r"model\.mixer\.dt_limit: expected 2 items, got 1"),
+    ("{kind: mamba2, dt_limit: [-0.1, 0.5]}", r"model\.mixer\.dt_limit\.0: -0\.1 is out of range: must be >= 0"),
+    ("{kind: mamba2, dt_limit: [0.5, 0.1]}", r"dt_limit \[0\.5, 0\.1\] must be \[low, high\] with low < high"),
+    ("{kind: mamba2, dt_min: 0.5, dt_max: 0.1}", r"mamba2: dt_min=0\.5 is above dt_max=0\.1; swap them"),
+    ("{kind: mamba, dt_min: 0.5, dt_max: 0.1}", r"mamba: dt_min=0\.5 is above dt_max=0\.1; swap them"),
+])
+def test_a_step_limit_or_range_that_cannot_be_meant_is_refused_at_its_recipe_line(tmp_path, mixer, error):
+    # a clamp(lo, hi) with three numbers crashed in training; one number or a reversed pair clamped silently
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(f"extends: tiny-mamba2\nmodel: {{mixer: {mixer}}}\n")
+    with pytest.raises(RecipeError, match=rf"^{recipe}:2: .*{error}"):
+        seqzoo.build(recipe, device="meta")

@@ -97,3 +97,21 @@ def test_cli_prints_perplexity_and_tokens_per_second(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("perplexity ") and "tokens/s" in out and "stride 32" in out
     assert main(["eval", str(tmp_path / "m.safetensors"), "--text", str(tmp_path / "none.txt")]) == 2
+
+
+@pytest.mark.parametrize("options, error", [
+    (["--context", "0"], "--context must be >= 2, got 0"),
+    (["--stride", "0"], "--stride must be >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--limit", "0"], "--limit must be >= 1, got 0"),
+    (["--include-path", "/nonexistent"],
+     "seqzoo eval: --include-path applies to --tasks (lm-eval), not --text; drop it"),
+    (["--limit", "3", "--num-fewshot", "1"],
+     "seqzoo eval: --limit, --num-fewshot apply to --tasks (lm-eval), not --text; drop them"),
+])
+def test_cli_refuses_a_zero_that_would_mean_the_default_and_options_it_would_ignore(tmp_path, capsys, options, error):
+    from seqzoo.cli import main
+
+    (tmp_path / "t.txt").write_text("text")
+    assert main(["eval", str(tmp_path / "m.safetensors"), "--text", str(tmp_path / "t.txt"), *options]) == 2
+    assert capsys.readouterr().err.strip() == f"seqzoo: error: {error}"

@@ -347,3 +347,14 @@ def test_bad_picture_options_exit_2(tmp_path, capsys, args, message):
     args = [a.replace("{ckpt}", ckpt) for a in args]
     assert main([*args, "-o", str(tmp_path / "x.png")]) == 2
     one_line_error(capsys, message)
+
+
+@pytest.mark.parametrize("command, name", [(["positions", "tiny-llama"], "positions.png"),
+                                           (["attention", "CKPT", "--prompt", "ab"], "attention.png"),
+                                           (["plot", "METRICS"], "metrics.png")])
+def test_an_output_that_is_a_folder_exits_2_naming_it(metrics_file, tmp_path, capsys, command, name):
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    given = {"CKPT": checkpoint(tmp_path, "tiny-gpt"), "METRICS": str(metrics_file)}
+    assert main([given.get(part, part) for part in command] + ["-o", str(folder)]) == 2
+    one_line_error(capsys, f"-o {folder}: is a directory; give a file name such as {folder / name}")

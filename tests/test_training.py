@@ -196,6 +196,27 @@ def test_train_refuses_an_output_folder_that_does_not_exist(tmp_path, capsys):
     assert f"folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
 
 
+def test_train_refuses_unwritable_metrics_and_log_dir_before_training(tmp_path, capsys):
+    folder, file = tmp_path / "a-folder", tmp_path / "a-file"
+    folder.mkdir()
+    file.write_text("x")
+    target = tmp_path / "m.safetensors"
+    run = ["train", "tiny-gpt", "-o", str(target), "--set", "train.steps=2", "--quiet"]
+    for option, value, message in [
+            ("--metrics", folder, f"--metrics {folder}: is a directory; give a file name such as "
+                                  f"{folder / 'metrics.json'}"),
+            ("--metrics", tmp_path / "gone" / "m.json", f"--metrics {tmp_path / 'gone' / 'm.json'}: the folder "
+                                                        f"{tmp_path / 'gone'} does not exist"),
+            ("--log-dir", file / "logs", f"--log-dir {file / 'logs'}: {file} is a file, not a folder")]:
+        assert main([*run, option, str(value)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"seqzoo: error: {message}"), err
+    assert not target.exists()
+    assert main(["train", "tiny-gpt", "-o", str(folder), "--quiet"]) == 2  # -o: refused as before, in these words
+    assert capsys.readouterr().err.strip() == (f"seqzoo: error: -o {folder}: is a directory; give a file name such "
+                                               f"as {folder / 'model.safetensors'}")
+
+
 def test_a_failed_save_at_the_end_rescues_the_finished_run(tmp_path, monkeypatch):
     import seqzoo.train.training as training_module
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, RegistryError, unknown_name
-from ..files import write_text_atomic
+from ..files import check_output_file, write_text_atomic
 from .describe import Row, parameter_rows
 
 if TYPE_CHECKING:  # annotations only: the registry (and torch) load with the command
@@ -154,6 +154,8 @@ def register_cli(add) -> dict:
 def _cmd_catalog(args) -> int:
     from ..registry import registry
 
+    if args.output is not None:
+        check_output_file(args.output, "components.md", "-o")
     reg = registry()
     if args.kind is not None and args.kind not in reg.kinds():
         raise RegistryError(unknown_name("component kind", args.kind, reg.kinds()))

@@ -7,6 +7,7 @@ import json
 import os
 
 from ..errors import InputError
+from ..files import refuse_folder
 
 
 def register_cli(add) -> dict:
@@ -99,6 +100,7 @@ def refuse_to_replace(path: str, *, force: bool, option: str = "-o", resumable: 
     """Refuse to write over an existing file at ``path`` unless ``force``: the refusal says what the
     file holds (the model, and for a training checkpoint how far its run got) and the ways out.
     ``resumable``: the command can continue the run saved there instead (``train --resume``)."""
+    refuse_folder(path, "model.safetensors", option)  # --force cannot replace a folder with a file
     if force or not os.path.exists(path):
         return
     from ..errors import SeqzooError

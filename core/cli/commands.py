@@ -284,7 +284,10 @@ def _cmd_generate(args) -> int:
         except ValueError:
             raise InputError(f"--ids: expected comma-separated integers, got {args.ids!r}") from None
     else:
-        prompt = tok.encode(args.prompt)
+        try:
+            prompt = tok.encode(args.prompt)
+        except InputError as error:  # e.g. a stored tokenizer.json that does not parse: name the file
+            raise InputError(f"{args.checkpoint}: {error}") from None
         if not prompt:  # an empty prompt starts from the start token, as training prompts do
             start = tok.bos_id if tok.bos_id is not None else tok.eos_id
             if start is None:

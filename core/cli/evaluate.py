@@ -10,11 +10,32 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import write_text_atomic
+from .options import at_least
+
+#: Rows per forward pass of lm-eval (--batch-size), when not given.
+BATCH_SIZE = 8
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     if (args.text is None) == (args.tasks is None):
         raise InputError("seqzoo eval: give --text FILE (perplexity) or --tasks NAME[,NAME] (lm-eval), one of them")
+    # 0 must not stand for "the default" (the perplexity window reads a 0 as unset)
+    at_least(2, ("--context", args.context))
+    at_least(1, ("--stride", args.stride), ("--limit", args.limit), ("--batch-size", args.batch_size))
+    at_least(0, ("--num-fewshot", args.num_fewshot))
+    # An option of the other mode would be ignored without a word; say so instead
+    if args.text is not None:
+        mode, other = "--text", "--tasks (lm-eval)"
+        options = {"--include-path": args.include_path, "--limit": args.limit, "--num-fewshot": args.num_fewshot,
+                   "--batch-size": args.batch_size, "--output": args.output}
+    else:
+        mode, other = "--tasks", "--text (perplexity)"
+        options = {"--context": args.context, "--stride": args.stride}
+    ignored = [flag for flag, value in options.items() if value is not None]
+    if ignored:
+        one = len(ignored) == 1
+        raise InputError(f"seqzoo eval: {', '.join(ignored)} {'applies' if one else 'apply'} to {other}, not "
+                         f"{mode}; drop {'it' if one else 'them'}")
     return _perplexity(args) if args.text is not None else _harness(args)
 
 
@@ -45,7 +66,8 @@ def _harness(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise InputError("seqzoo eval: --tasks is empty; give task names, e.g. --tasks arc_easy,hellaswag")
-    results = evaluate(args.checkpoint, tasks, include_path=args.include_path, batch_size=args.batch_size,
+    batch_size = BATCH_SIZE if args.batch_size is None else args.batch_size
+    results = evaluate(args.checkpoint, tasks, include_path=args.include_path, batch_size=batch_size,
                        limit=args.limit, num_fewshot=args.num_fewshot, device=args.device)
     print(table(results))
     if args.output:
@@ -66,7 +88,7 @@ def register_cli(add: Callable[..., argparse.ArgumentParser]) -> dict[str, Calla
     p.add_argument("--include-path", metavar="DIR", help="a folder of local lm-eval task YAMLs")
     p.add_argument("--limit", type=int, help="at most this many documents per task")
     p.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: the task's)")
-    p.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (8)")
+    p.add_argument("--batch-size", type=int, help=f"lm-eval rows per forward pass ({BATCH_SIZE})")
     p.add_argument("-o", "--output", metavar="FILE.json", help="also write lm-eval's results and samples")
     p.add_argument("--device", help="cpu, cuda, auto (default: the recipe's runtime.device)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

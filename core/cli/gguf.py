@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from ..files import write_text_atomic
+from ..files import check_output_file, write_text_atomic
 from .hf import DTYPES
 
 
@@ -49,6 +49,7 @@ def cmd_export_gguf(args) -> int:
     from ..io.checkpoint import load
     from ..io.gguf import gguf_summary, to_gguf
 
+    check_output_file(args.file, "model.gguf")  # before the checkpoint loads (to_gguf checks it too)
     out = to_gguf(load(args.checkpoint, device="cpu"), args.file, dtype=args.type, model_type=args.model_type)
     print(f"exported {args.checkpoint} as {gguf_summary(out)} -> {out}")
     return 0

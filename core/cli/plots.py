@@ -8,7 +8,8 @@ import os
 import sys
 
 from ..errors import InputError
-from .options import add_set
+from ..files import refuse_folder
+from .options import add_set, at_least
 
 
 def register_cli(add) -> dict:
@@ -51,8 +52,9 @@ def register_cli(add) -> dict:
 def _cmd_plot(args) -> int:
     from ..lab.plots import load_metrics, plot_metrics
 
-    metrics = load_metrics(args.metrics)
     output = args.output or os.path.splitext(args.metrics)[0] + ".png"
+    refuse_folder(output, os.path.basename(os.path.splitext(args.metrics)[0]) + ".png", "-o")
+    metrics = load_metrics(args.metrics)
     title = args.title if args.title is not None else os.path.basename(args.metrics)
     print(f"wrote {plot_metrics(metrics, output, title)}")
     return 0
@@ -65,6 +67,7 @@ def _cmd_attention(args) -> int:
 
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    refuse_folder(args.output, "attention.png", "-o")
     require_matplotlib()  # reported before the model loads
     model = load(args.checkpoint, device="cpu")
     panels = attention_panels(model, tokenizer(model), args.prompt, args.max_new_tokens)
@@ -80,6 +83,7 @@ def _cmd_positions(args) -> int:
 
     if args.length is not None and args.length < 2:
         raise InputError(f"--length must be >= 2, got {args.length}")
+    refuse_folder(args.output, "positions.png", "-o")
     require_matplotlib()
     schemes, note = position_schemes(args.recipe, args.overrides)
     if not schemes:
@@ -100,6 +104,7 @@ def _cmd_positions(args) -> int:
 def _cmd_experiment(args) -> int:
     from ..lab.experiments import run_experiment
 
+    at_least(1, ("--workers", args.workers))  # 0 would otherwise mean "the default", as compare refuses
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log,
                                    workers=args.workers, report_only=args.report_only)

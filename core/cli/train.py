@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckpointError, InputError
-from ..files import write_text_atomic
+from ..files import check_output_file, write_text_atomic
 from ..schema import dotted
 from ..schema import instantiate as instantiate_section
 from .checkpoints import refuse_to_replace
@@ -121,6 +121,20 @@ def default_output(recipe: str) -> str:
     return str(candidate)
 
 
+def _check_logs(metrics: str | None, log_dir: str | None) -> None:
+    """Refuse a --metrics file or --log-dir folder that cannot be written, before training: the
+    metrics are written after the last step, and a run must not end with nowhere to put them."""
+    if metrics is not None:
+        check_output_file(metrics, "metrics.json", "--metrics")
+    if log_dir is not None:
+        existing = Path(log_dir)
+        while not existing.exists() and existing != existing.parent:  # what mkdir -p would build on
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            raise InputError(f"--log-dir {log_dir}: {existing} is a file, not a folder; give a folder (created "
+                             f"if missing) such as {existing}-logs")
+
+
 def _cmd_train(args) -> int:
     import torch
 
@@ -144,6 +158,7 @@ def _cmd_train(args) -> int:
     output = args.output or args.resume or default_output(args.recipe or checkpoint)
     if output != args.resume:
         refuse_to_replace(output, force=args.force, resumable=True)
+    _check_logs(args.metrics, args.log_dir)
     source = args.recipe if args.recipe is not None else read_recipe(checkpoint)
     label = None if args.recipe is not None else checkpoint
     overrides = list(args.overrides)

@@ -32,7 +32,7 @@ import numpy as np
 from ..files import write_text_atomic
 from ..interfaces import Tokenizer
 from .shards import DTYPES, FORMAT, MANIFEST, SPLITS, DataError, dtype_for, file_sha256, read_manifest
-from .sources import PIECE, Source, count_documents, documents, find_sources
+from .sources import PIECE, Source, count_documents, documents, find_sources, skipped
 
 #: Below this much input, tokenizing in this process beats starting workers.
 INLINE_BYTES = 8 << 20
@@ -78,6 +78,31 @@ def fingerprint(sources: list[Source], hashes: list[str], tokenizer: TokenizerIn
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
+def _check_output(folder: Path, output: str, arguments: list[str], exclude: tuple[str, ...]) -> None:
+    """Refuse an output folder that cannot be made (a file is in its place) or that lies in a source
+    folder, unless the walk skips it (hidden, or --exclude): the next run would read the shards back
+    as input, and the source's files would change under it."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:  # what mkdir -p would build on
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise DataError(f"-o {output}: {existing} is a file, not a folder; give a folder for the shards (created "
+                        f"if missing) such as {existing}-shards")
+    target = folder.resolve()
+    for argument in arguments:
+        source = Path(argument).expanduser().resolve()
+        if not source.is_dir() or not target.is_relative_to(source):
+            continue
+        parts = target.relative_to(source).parts
+        if any(skipped(part, "/".join(parts[:i + 1]), exclude) for i, part in enumerate(parts)):
+            continue  # the walk never enters it
+        inside = "is the source folder itself" if not parts else f"is inside the source folder {argument}"
+        beside = os.path.relpath(source.parent / f"{source.name}-shards")
+        hint = f", or add --exclude {'/'.join(parts)}" if parts else ""
+        raise DataError(f"-o {output}: {inside}, so the next run would read the shards back as input; write "
+                        f"them outside it (e.g. -o {beside}){hint}")
+
+
 def prepare(arguments: list[str], output: str | Path, tokenizer: TokenizerInfo, *, val: float = 0.1,
             field: str = "text", glob: str | None = None, exclude: tuple[str, ...] = (), dtype: str = "auto",
             workers: int | None = None,
@@ -102,6 +127,7 @@ def prepare(arguments: list[str], output: str | Path, tokenizer: TokenizerInfo, 
                         f"({np.iinfo(DTYPES[name]).max + 1:,}); use --dtype uint32 (or auto)")
     sources = find_sources(arguments, glob, exclude)
     folder = Path(output).expanduser()
+    _check_output(folder, str(output), arguments, exclude)
     settings = {"val": val, "field": field, "glob": glob, "exclude": list(exclude), "dtype": name}
     if (folder / MANIFEST).is_file():
         try:

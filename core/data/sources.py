@@ -13,6 +13,7 @@ import codecs
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import re
 import sys
@@ -105,7 +106,7 @@ def _folder_sources(folder: Path, glob: str | None, exclude: tuple[str, ...]) ->
         keep = []
         for name in dirs:
             relative = prefix + name
-            if _skipped(name, relative, exclude):
+            if skipped(name, relative, exclude):
                 continue
             path = Path(root, name)
             if is_dataset_folder(path):  # a dataset is one source; its Arrow files are not text
@@ -115,7 +116,7 @@ def _folder_sources(folder: Path, glob: str | None, exclude: tuple[str, ...]) ->
         dirs[:] = keep
         for name in files:
             relative = prefix + name
-            if _skipped(name, relative, exclude) or (glob is not None and not _matches(relative, glob)):
+            if skipped(name, relative, exclude) or (glob is not None and not _matches(relative, glob)):
                 continue
             kind = RECORD_FORMATS.get(os.path.splitext(name)[1].lower(), "text")
             found.append(Source(os.path.join(root, name), relative, sys.intern(kind)))
@@ -128,7 +129,7 @@ def _matches(relative: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(relative, pattern) or fnmatch.fnmatchcase(relative, "*/" + pattern)
 
 
-def _skipped(name: str, relative: str, exclude: tuple[str, ...]) -> bool:
+def skipped(name: str, relative: str, exclude: tuple[str, ...]) -> bool:
     return name.startswith(".") or name == "__pycache__" or any(_matches(relative, p) for p in exclude)
 
 
@@ -254,8 +255,11 @@ def _records(source: Source, field: str) -> Iterator[str]:
             parts = [datasets.load_dataset(source.format, data_files=str(source.path), split="train",
                                            streaming=True)]
         except Exception as error:
-            raise _read_error(source, error) from None
+            raise _read_error(source, error, field) from None
     index = 0
+    # datasets gives None both for a null and for a JSON record without the field (its columns are
+    # the union of the records' keys); the file tells them apart, read once at the first None.
+    absent_checked = source.format != "json"
     for part in parts:
         try:
             for batch in part.iter(batch_size=1000):
@@ -264,22 +268,74 @@ def _records(source: Source, field: str) -> Iterator[str]:
                     raise DataError(f"{source.path}: records have no field {field!r} (fields: {fields}); "
                                     f"choose one with --field")
                 for value in batch[field]:
+                    if value is None and not absent_checked:
+                        _refuse_absent_field(source, field)
+                        absent_checked = True
                     if value is None:
-                        value = ""
+                        value = ""  # a null is an empty document
                     if not isinstance(value, str):
-                        raise DataError(f"{source.path}: record {index + 1} has a {type(value).__name__} in "
+                        raise DataError(f"{_record_at(source, index)} has a {type(value).__name__} in "
                                         f"field {field!r}, not text; choose a text field with --field")
                     index += 1
                     yield value
         except DataError:
             raise
         except Exception as error:  # a parse error surfaces while iterating a stream
-            raise _read_error(source, error) from None
+            raise _read_error(source, error, field) from None
 
 
-def _read_error(source: Source, error: Exception) -> DataError:
+def _json_records(source: Source) -> Iterator[tuple[str, object]]:
+    """A JSON source's records with where each is (``file:line: the record`` for JSON lines,
+    ``file: record N`` in a JSON list or object); read with ``json``, for the messages datasets'
+    errors cannot give. A .json file is one JSON document when it parses as one (an object over
+    several lines too), else JSON lines, as datasets reads it."""
+    if source.path.suffix.lower() == ".json":
+        try:
+            with open(source.path, "rb") as handle:
+                records = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass  # JSON lines, read below
+        else:
+            for number, record in enumerate(records if isinstance(records, list) else [records], 1):
+                yield f"{source.path}: record {number}", record
+            return
+    with open(source.path, "rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                yield f"{source.path}:{number}: the record", json.loads(line)
+
+
+def _record_at(source: Source, index: int) -> str:
+    """Where record ``index`` (from 0) is: ``file:line`` in JSON lines, else ``file: record N``."""
+    if source.format == "json":
+        for number, (where, _) in enumerate(_json_records(source)):
+            if number == index:
+                return where
+    return f"{source.path}: record {index + 1}"
+
+
+def _refuse_absent_field(source: Source, field: str) -> None:
+    """Refuse the first record of a JSON source without ``field``: dropping it would lose a
+    document unsaid, and reading it as empty would hide the mistake."""
+    for where, record in _json_records(source):
+        if isinstance(record, dict) and field not in record:
+            keys = ", ".join(sorted(record)) or "none"
+            raise DataError(f"{where} has no field {field!r} (its fields: {keys}); give every record "
+                            f"the text in {field!r}, or choose the field that holds it with --field")
+
+
+def _read_error(source: Source, error: Exception, field: str) -> DataError:
     """A one-line error for a file ``datasets`` could not read: for JSON lines, the first line
-    that is not JSON, by number (datasets' own message names neither file nor line)."""
+    that is not JSON, by number (datasets' own message names neither file nor line); for a .json
+    file that is valid JSON as a whole, what about it is not a list of records."""
+    if source.format == "json" and source.path.suffix.lower() == ".json":
+        try:
+            with open(source.path, "rb") as handle:
+                whole = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass  # not one JSON document: perhaps JSON lines, looked at below
+        else:
+            return _not_records(source, whole, field, error)
     if source.format == "json" and _is_json_lines(source.path):
         with open(source.path, "rb") as handle:
             for number, line in enumerate(handle, 1):
@@ -293,6 +349,22 @@ def _read_error(source: Source, error: Exception) -> DataError:
     return DataError(f"{source.path}: could not be read as {source.format} ({_first_line(error)})")
 
 
+def _not_records(source: Source, whole: object, field: str, error: Exception) -> DataError:
+    """What keeps a valid .json file from being read as records: its top level, or a record."""
+    shape = "a JSON list of objects or JSON lines (one object per line)"
+    if isinstance(whole, dict) and field not in whole:
+        return DataError(f"{source.path}: one JSON object with no field {field!r} (its keys: "
+                         f"{', '.join(sorted(whole)) or 'none'}), not records; give {shape}, each with its text "
+                         f"in {field!r} (or name the field with --field)")
+    if not isinstance(whole, (dict, list)):
+        return DataError(f"{source.path}: a JSON {type(whole).__name__}, not records; give {shape}")
+    for number, record in enumerate(whole if isinstance(whole, list) else [], 1):
+        if not isinstance(record, dict):
+            return DataError(f"{source.path}: record {number} is a JSON {type(record).__name__}, not an object; "
+                             f"give {shape}")
+    return DataError(f"{source.path}: could not be read as json ({_first_line(error)})")
+
+
 def _datasets():
     try:
         import datasets
@@ -300,6 +372,9 @@ def _datasets():
         raise DataError("reading .jsonl, .json, .parquet and datasets folders needs Hugging Face datasets: "
                         "pip install 'seqzoo[data]'") from None
     datasets.disable_progress_bars()  # seqzoo shows its own
+    # Its JSON reader logs a parse error ("Failed to load JSON ... ArrowInvalid") and then raises
+    # it; seqzoo reports the raised error in its own line, so the logged copy is only noise.
+    logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
     return datasets
 
 

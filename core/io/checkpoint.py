@@ -137,6 +137,11 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({first_line(error)})") from None
     if "seqzoo.recipe" not in metadata:
         raise CheckpointError(f"{path}: safetensors file without a seqzoo recipe (not saved by seqzoo.save?)")
+    # A newer seqzoo's layout would be misread, not refused, further on. Every seqzoo writes the key;
+    # a file without it is let through as the one format there has been.
+    if "seqzoo.format" in metadata and metadata["seqzoo.format"] != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {metadata['seqzoo.format']!r}, but this seqzoo reads "
+                              f"format {FORMAT!r}; upgrade seqzoo to load it")
     return metadata
 
 

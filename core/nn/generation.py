@@ -9,6 +9,7 @@ decoder-only models.
 """
 from __future__ import annotations
 
+import math
 import types
 import warnings
 import weakref
@@ -241,14 +242,16 @@ def _generate(model: nn.Module, input_ids: Tensor | list[Tensor], max_new_tokens
         raise InputError(f"input_ids must be (B, T) with T >= 1, got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 0:
         raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise InputError(f"temperature must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):  # NaN passes `< 0` and poisons softmax
+        raise InputError(f"temperature must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise InputError(f"top_p must be in (0, 1], got {top_p}")
     if beam_size is not None and beam_size < 1:
         raise InputError(f"beam_size must be >= 1, got {beam_size}")
+    if not math.isfinite(length_penalty):  # a NaN score would rank the hypotheses arbitrarily
+        raise InputError(f"length_penalty must be a finite number, got {length_penalty}")
     if beam_size is not None and (temperature != 0 or top_k is not None or top_p is not None):
         raise InputError(f"beam search (beam_size={beam_size}) keeps the most likely hypotheses and does "
                          f"not sample; drop temperature/top_k/top_p, or drop beam_size to sample")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqzoo.errors import ConfigError
 from seqzoo.interfaces import MixerState
 
 
@@ -83,3 +84,11 @@ def causal_conv(conv1d: nn.Conv1d, u: Tensor, state: RecurrentState | None, slot
         out = (window * conv1d.weight[:, 0].to(u.dtype)).sum(-1, keepdim=True)  # (B, E, 1)
         return (out if conv1d.bias is None else out + conv1d.bias.to(u.dtype)[:, None]).transpose(1, 2)
     return conv1d(window).transpose(1, 2)
+
+
+def check_dt_range(kind: str, dt_min: float, dt_max: float) -> None:
+    """Refuse an initial step range given backwards: the log-uniform draw would take it silently
+    (as the range between the two), so a swapped pair is almost always a typo worth naming."""
+    if dt_min > dt_max:
+        raise ConfigError(f"{kind}: dt_min={dt_min} is above dt_max={dt_max}; swap them (the initial Δ is "
+                          f"drawn from [dt_min, dt_max])")

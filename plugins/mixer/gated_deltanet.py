@@ -25,7 +25,7 @@ from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
-from ._conv_state import RecurrentState
+from ._conv_state import RecurrentState, check_dt_range
 from ._delta_rule import DeltaRuleMixer, decay_parameters, log_decay
 from ._gated_norm import GatedRMSNorm
 
@@ -58,6 +58,7 @@ class GatedDeltaNet(DeltaRuleMixer):
                  norm_eps: PositiveFloat = 1e-6, dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1,
                  chunk: PositiveInt = 64) -> None:
         super().__init__(dim)
+        check_dt_range("gated_deltanet", dt_min, dt_max)
         if head_dim is None and dim % heads:
             raise ConfigError(f"gated_deltanet: dim={dim} must be divisible by heads={heads}, or set head_dim")
         value_heads = value_heads or heads

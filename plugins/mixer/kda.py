@@ -23,7 +23,7 @@ from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
-from ._conv_state import RecurrentState
+from ._conv_state import RecurrentState, check_dt_range
 from ._delta_rule import DeltaRuleMixer, decay_parameters, log_decay
 from ._gated_norm import GatedRMSNorm
 
@@ -54,6 +54,7 @@ class KDA(DeltaRuleMixer):
                  gate_bias: bool = False, allow_neg_eigval: bool = False, norm_eps: PositiveFloat = 1e-5,
                  dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1, chunk: PositiveInt = 64) -> None:
         super().__init__(dim)
+        check_dt_range("kda", dt_min, dt_max)
         if head_dim is None and dim % heads:
             raise ConfigError(f"kda: dim={dim} must be divisible by heads={heads}, or set head_dim")
         self.key_heads = self.heads = heads

@@ -29,7 +29,7 @@ from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
 from seqzoo.schema import PositiveFloat, PositiveInt
 
-from ._conv_state import MambaState, causal_conv
+from ._conv_state import MambaState, causal_conv, check_dt_range
 from ._mimetic import mimic_linear_attention
 from ._segments import in_segments
 from ._selective_scan import selective_scan, selective_step
@@ -60,6 +60,7 @@ class Mamba(Mixer):
                  bcdt_norm_eps: PositiveFloat | None = None, bcdt_norm_weights: bool = False,
                  mimetic: bool = False) -> None:
         super().__init__(dim)
+        check_dt_range("mamba", dt_min, dt_max)
         self.inner, self.state_size, self.kernel = expand * dim, state, conv
         self.dt_rank = dt_rank or math.ceil(dim / 16)
         self.chunk, self.bcdt_norm_eps = chunk, bcdt_norm_eps

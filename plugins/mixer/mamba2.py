@@ -22,9 +22,9 @@ from seqzoo.errors import ConfigError
 from seqzoo.interfaces import Mixer, MixerContext
 from seqzoo.nn.linear import Linear
 from seqzoo.registry import builtin
-from seqzoo.schema import PositiveFloat, PositiveInt
+from seqzoo.schema import NonNegativeFloat, PositiveFloat, PositiveInt
 
-from ._conv_state import MambaState, causal_conv
+from ._conv_state import MambaState, causal_conv, check_dt_range
 from ._gated_norm import GatedRMSNorm
 from ._mimetic import mimic_linear_attention
 from ._segments import in_segments
@@ -51,9 +51,14 @@ class Mamba2(Mixer):
     def __init__(self, dim: int, state: PositiveInt = 128, head_dim: PositiveInt = 64, groups: PositiveInt = 1,
                  conv: PositiveInt = 4, expand: PositiveInt = 2, bias: bool = False, conv_bias: bool = True,
                  norm_eps: PositiveFloat = 1e-5, dt_min: PositiveFloat = 0.001, dt_max: PositiveFloat = 0.1,
-                 dt_limit: list[float] | None = None, chunk: PositiveInt = 64, mimetic: bool = False,
-                 heads: PositiveInt | None = None, rmsnorm: bool = True, norm_before_gate: bool = False) -> None:
+                 dt_limit: tuple[NonNegativeFloat, PositiveFloat] | None = None, chunk: PositiveInt = 64,
+                 mimetic: bool = False, heads: PositiveInt | None = None, rmsnorm: bool = True,
+                 norm_before_gate: bool = False) -> None:
         super().__init__(dim)
+        check_dt_range("mamba2", dt_min, dt_max)
+        if dt_limit is not None and dt_limit[0] >= dt_limit[1]:  # reversed, clamp() would make every Δ hi
+            raise ConfigError(f"mamba2: dt_limit {list(dt_limit)} must be [low, high] with low < high "
+                              f"(null: no clamp)")
         inner = expand * dim if heads is None else heads * head_dim
         if inner % head_dim or (inner // head_dim) % groups:
             raise ConfigError(f"mamba2: the inner width {inner} must split into heads of head_dim={head_dim}, "

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError, few
+from ...files import check_output_file
 from ...interfaces import Model
 from ...recipe import resolve
 from ...registry import registry
@@ -286,6 +287,7 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
     Q5_1) through the gguf package; norms and biases stay F32, and a matrix whose rows the block
     does not divide is written F16 with a warning naming it. ``model_type`` picks the HF family
     where several fit. Everything is checked before the file is opened. Returns the path."""
+    check_output_file(path, "model.gguf")  # said before the work, not when the file is opened or renamed
     gguf = gguf_package()
     if dtype not in WRITABLE:
         raise CheckpointError(f"export-gguf: tensor type {dtype!r} is not supported; use {', '.join(WRITABLE)} "
@@ -340,23 +342,27 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "F32", mo
     out = Path(path)
     partial = out.with_name(out.name + ".partial")  # renamed into place once whole: no half-written file
     writer = gguf.GGUFWriter(str(partial), arch.name)
-    writer.add_name(str(model.recipe.get("name", "seqzoo model")))
-    writer.add_file_type(_file_type(gguf, dtype))
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_vocab_size(rows)
-    for key, (value, kind) in metadata.items():
-        _add(writer, key, value, kind)
-    tokens.write(writer, vocab, {**special_ids(model), **{k: config.get(k) for k in ("bos_token_id", "eos_token_id")
-                                                         if config.get(k) is not None}})
-    if config.get("type_vocab_size"):
-        writer.add_token_type_count(config["type_vocab_size"])
-    for name, (array, raw) in encoded.items():
-        writer.add_tensor(name, array, raw_dtype=raw)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(partial, out)
+    try:
+        writer.add_name(str(model.recipe.get("name", "seqzoo model")))
+        writer.add_file_type(_file_type(gguf, dtype))
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        writer.add_vocab_size(rows)
+        for key, (value, kind) in metadata.items():
+            _add(writer, key, value, kind)
+        tokens.write(writer, vocab, {**special_ids(model), **{k: config.get(k) for k in ("bos_token_id",
+                                     "eos_token_id") if config.get(k) is not None}})
+        if config.get("type_vocab_size"):
+            writer.add_token_type_count(config["type_vocab_size"])
+        for name, (array, raw) in encoded.items():
+            writer.add_tensor(name, array, raw_dtype=raw)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(partial, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a failed write leaves nothing beside the target
+        raise
     return out
 
 

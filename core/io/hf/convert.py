@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ...errors import CheckpointError, SeqzooError, few
+from ...errors import CheckpointError, SeqzooError, few, first_line
 from ...files import atomic_write, write_text_atomic
 from ...interfaces import LanguageModel, Model
 from ...recipe import resolve
@@ -61,10 +61,28 @@ def from_hf(path: str | os.PathLike, *, device: str | torch.device | None = None
     converter = converter_for(config.get("model_type"), str(folder / CONFIG))
     with contextlib.ExitStack() as stack:
         weights = HFWeights(folder, stack)
-        tokenizer_file = folder / TOKENIZER
         return load_converted(converter, config, weights, folder, device=device, dtype=dtype or weights.dtype(),
-                              tokenizer_text=tokenizer_file.read_text(encoding="utf-8")
-                              if tokenizer_file.is_file() else None)
+                              tokenizer_text=_tokenizer_text(folder / TOKENIZER))
+
+
+def _tokenizer_text(file: Path) -> str | None:
+    """The text of a folder's tokenizer.json (None: there is none), parsed once here: the file is
+    stored as it is and built only at the first encode, where a broken one would name no file."""
+    if not file.is_file():
+        return None
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{file}: not a valid tokenizer.json (not UTF-8: {error})") from None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # the hf tokenizer says what to install when it is used
+        return text
+    try:
+        Tokenizer.from_str(text)
+    except Exception as error:  # the Rust side raises plain Exceptions
+        raise CheckpointError(f"{file}: not a valid tokenizer.json ({first_line(error)})") from None
+    return text
 
 
 def load_converted(converter: HFConverter, config: dict, weights: Mapping, folder: Path, *,
