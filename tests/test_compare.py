@@ -216,13 +216,23 @@ def test_report_only_tables_the_finished_runs_and_trains_nothing(data, tmp_path,
     assert f"{typo}: no runs to report" in capsys.readouterr().err and not typo.exists()
 
 
+def test_a_changed_recipe_is_named_by_its_first_differing_key():
+    from seqzoo.lab.compare import _first_difference
+
+    base = {"model": {"layer_types": ["attention", "mamba2", "mamba2"], "dim": 64}, "train": {"lr": 1e-3}}
+    changed = {"model": {"layer_types": ["attention", "mamba2", "attention"], "dim": 64}, "train": {"lr": 1e-3}}
+    assert _first_difference(base, changed, ()) == (("model", "layer_types", 2), "mamba2", "attention")
+    assert _first_difference(base, {**base, "train": {}}, ())[:2] == (("train", "lr"), 1e-3)
+    assert _first_difference(base, base, ()) is None
+
+
 def test_a_missing_data_folder_is_refused_before_any_run_starts(tmp_path, capsys):
     missing = tmp_path / "nodata"
     assert main(["compare", "tiny-gpt", "tiny-llama", "--data", str(missing), "--steps", "2", "-o",
                  str(tmp_path / "out"), *args()]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"seqzoo: error: {missing}: no such data folder; prepare one with `seqzoo data prepare SRC... "
-                   f"-o {missing}`"]
+                   f"-o {missing}` (--report-only tabulates finished runs without it)"]
     assert not (tmp_path / "out").exists()
 
 

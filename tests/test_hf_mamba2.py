@@ -230,7 +230,6 @@ def test_mamba2_bare_backbone_with_the_old_embedding_name_imports(imported, tmp_
     ("mamba2-groups", {"expand": 1.5}, r"expand 1.5 is not supported; it must be a positive integer"),
     ("mamba2-groups", {"time_step_limit": [0.1]}, r"time_step_limit \[0.1\] is not supported"),
     ("mamba2-groups", {"time_step_limit": [0.2, 0.1]}, r"time_step_limit \[0.2, 0.1\] is not supported"),
-    ("mamba2-groups", {"time_step_limit": [0.1, 0.1]}, r"time_step_limit \[0.1, 0.1\] is not supported"),
     ("bamba-cut-short", {"hidden_act": "gelu"}, r"hidden_act 'gelu' is not supported for bamba"),
     ("bamba-cut-short", {"time_step_limit": None}, r"time_step_limit None is not supported"),
     ("bamba-cut-short", {"attn_layer_indices": [2, 7]}, r"attn_layer_indices \[2, 7\] is not supported"),
@@ -274,3 +273,12 @@ def test_exporters_refuse_what_their_family_cannot_express(imported):
     assert "needs swiglu" in bamba_converter.accepts(with_model(hybrid, ffn={"kind": "gelu", "hidden": 64}))
     with pytest.raises(CheckpointError, match="cannot export as mamba2"):
         seqzoo.to_hf(imported("bamba-cut-short").model, "unused", model_type="mamba2")
+
+
+def test_a_constant_step_clamp_imports_and_a_negative_floor_is_zero():
+    """lo = hi clamps every Δ to one value, which transformers runs; a negative lo clamps as 0 does
+    (Δ is a softplus), and the mixer takes no floor below 0."""
+    from seqzoo.plugins.converter._mamba2 import time_step_limit
+
+    assert time_step_limit([0.1, 0.1]) == [0.1, 0.1] and time_step_limit([-0.5, 0.2]) == [0.0, 0.2]
+    seqzoo.build({"extends": "tiny-mamba2", "model": {"mixer": {"dt_limit": [0.1, 0.1]}}}, device="meta")

@@ -328,7 +328,7 @@ def test_a_mimetic_start_gives_c_the_b_of_every_token_and_almost_no_decay(spec):
     ("{kind: mamba2, dt_limit: [0.1, 0.2, 0.3]}", r"model\.mixer\.dt_limit: expected 2 items, got 3"),
     ("{kind: mamba2, dt_limit: [0.5]}", r"model\.mixer\.dt_limit: expected 2 items, got 1"),
     ("{kind: mamba2, dt_limit: [-0.1, 0.5]}", r"model\.mixer\.dt_limit\.0: -0\.1 is out of range: must be >= 0"),
-    ("{kind: mamba2, dt_limit: [0.5, 0.1]}", r"dt_limit \[0\.5, 0\.1\] must be \[low, high\] with low < high"),
+    ("{kind: mamba2, dt_limit: [0.5, 0.1]}", r"dt_limit \[0\.5, 0\.1\] must be \[low, high\] with low ≤ high"),
     ("{kind: mamba2, dt_min: 0.5, dt_max: 0.1}", r"mamba2: dt_min=0\.5 is above dt_max=0\.1; swap them"),
     ("{kind: mamba, dt_min: 0.5, dt_max: 0.1}", r"mamba: dt_min=0\.5 is above dt_max=0\.1; swap them"),
 ])

@@ -115,3 +115,12 @@ def test_cli_refuses_a_zero_that_would_mean_the_default_and_options_it_would_ign
     (tmp_path / "t.txt").write_text("text")
     assert main(["eval", str(tmp_path / "m.safetensors"), "--text", str(tmp_path / "t.txt"), *options]) == 2
     assert capsys.readouterr().err.strip() == f"seqzoo: error: {error}"
+
+
+def test_an_lm_eval_output_with_nowhere_to_go_is_refused_before_the_run(tmp_path, capsys):
+    from seqzoo.cli import main
+
+    target = tmp_path / "missing" / "results.json"
+    assert main(["eval", str(tmp_path / "m.safetensors"), "--tasks", "arc_easy", "-o", str(target)]) == 2
+    assert capsys.readouterr().err.strip() == (f"seqzoo: error: -o {target}: the folder {target.parent} does not "
+                                               f"exist; create it first (mkdir -p {target.parent})")

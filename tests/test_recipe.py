@@ -165,6 +165,16 @@ def test_yaml_merge_keys_merge_and_their_errors_keep_their_lines(tmp_path):
     wrong = text.replace("dropout: 0.1", "dropuot: 0.1")
     with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:6: model\.ffn\.dropuot: unknown key 'dropuot'; did you"):
         resolve(write(tmp_path, "r.yaml", wrong))
+    # through an alias: the line where the anchor's key is written, not the base recipe's line for the path
+    aliased = text.replace("{heads: 2, bias: true}", "{heads: 2, bias: true}\n  layer_overrides:\n    '0':\n"
+                           "      attention: {<<: *attention}")
+    overrides = resolve(write(tmp_path, "r.yaml", aliased)).data["model"]["layer_overrides"]
+    assert overrides["0"]["attention"]["bias"] is True
+    from seqzoo.recipe.yaml_lines import read_yaml
+
+    _, where = read_yaml(aliased, "r.yaml")
+    assert where[("model", "layer_overrides", "0", "attention", "heads")] == ("r.yaml", 4)
+    assert where[("model", "layer_overrides", "0", "attention")] == ("r.yaml", 7)
 
 
 def test_invalid_yaml_reports_the_line(tmp_path):

@@ -205,8 +205,7 @@ def test_train_refuses_unwritable_metrics_and_log_dir_before_training(tmp_path, 
     for option, value, message in [
             ("--metrics", folder, f"--metrics {folder}: is a directory; give a file name such as "
                                   f"{folder / 'metrics.json'}"),
-            ("--metrics", tmp_path / "gone" / "m.json", f"--metrics {tmp_path / 'gone' / 'm.json'}: the folder "
-                                                        f"{tmp_path / 'gone'} does not exist"),
+            ("--metrics", file / "m.json", f"--metrics {file / 'm.json'}: {file} is a file, not a folder"),
             ("--log-dir", file / "logs", f"--log-dir {file / 'logs'}: {file} is a file, not a folder")]:
         assert main([*run, option, str(value)]) == 2
         err = capsys.readouterr().err.strip()
@@ -215,6 +214,10 @@ def test_train_refuses_unwritable_metrics_and_log_dir_before_training(tmp_path, 
     assert main(["train", "tiny-gpt", "-o", str(folder), "--quiet"]) == 2  # -o: refused as before, in these words
     assert capsys.readouterr().err.strip() == (f"seqzoo: error: -o {folder}: is a directory; give a file name such "
                                                f"as {folder / 'model.safetensors'}")
+    # the metrics may go inside the log folder the run makes
+    logs = tmp_path / "logs" / "run1"
+    assert main([*run, "--log-dir", str(logs), "--metrics", str(logs / "train.json")]) == 0
+    assert json.loads((logs / "train.json").read_text())["steps"] == 2
 
 
 def test_a_failed_save_at_the_end_rescues_the_finished_run(tmp_path, monkeypatch):

@@ -54,9 +54,12 @@ def _cmd_compare(args) -> int:
     if not args.recipes and not args.contenders:
         raise InputError("seqzoo compare: give the recipes to compare, or --contenders FILE")
     if args.data is not None and not args.report_only:  # here, not once in every run's log
-        from ..data.shards import read_manifest
+        from ..data.shards import DataError, read_manifest
 
-        read_manifest(args.data)
+        try:
+            read_manifest(args.data)
+        except DataError as error:
+            raise DataError(f"{error} (--report-only tabulates finished runs without it)") from None
     arms = with_contenders(args.recipes, args.contenders)
     results = compare(arms, args.output, steps=args.steps, tokens=args.tokens, seeds=parse_seeds(args.seeds),
                       data=args.data, overrides=args.overrides, match_params=args.match_params,

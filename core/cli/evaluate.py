@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
-from ..files import write_text_atomic
+from ..files import check_output_file, write_text_atomic
 from .options import at_least
 
 #: Rows per forward pass of lm-eval (--batch-size), when not given.
@@ -36,6 +36,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         one = len(ignored) == 1
         raise InputError(f"seqzoo eval: {', '.join(ignored)} {'applies' if one else 'apply'} to {other}, not "
                          f"{mode}; drop {'it' if one else 'them'}")
+    if args.output is not None:  # said now, not after lm-eval's run
+        check_output_file(args.output, "results.json", "-o")
     return _perplexity(args) if args.text is not None else _harness(args)
 
 

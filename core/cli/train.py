@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckpointError, InputError
-from ..files import check_output_file, write_text_atomic
+from ..files import refuse_folder, write_text_atomic
 from ..schema import dotted
 from ..schema import instantiate as instantiate_section
 from .checkpoints import refuse_to_replace
@@ -123,16 +123,23 @@ def default_output(recipe: str) -> str:
 
 def _check_logs(metrics: str | None, log_dir: str | None) -> None:
     """Refuse a --metrics file or --log-dir folder that cannot be written, before training: the
-    metrics are written after the last step, and a run must not end with nowhere to put them."""
+    metrics are written after the last step, and a run must not end with nowhere to put them.
+    Missing folders are made (--metrics often goes inside the --log-dir the run creates)."""
     if metrics is not None:
-        check_output_file(metrics, "metrics.json", "--metrics")
+        refuse_folder(metrics, "metrics.json", "--metrics")
+        _refuse_file_in_path(Path(metrics).parent, f"--metrics {metrics}", "metrics.json")
     if log_dir is not None:
-        existing = Path(log_dir)
-        while not existing.exists() and existing != existing.parent:  # what mkdir -p would build on
-            existing = existing.parent
-        if existing.exists() and not existing.is_dir():
-            raise InputError(f"--log-dir {log_dir}: {existing} is a file, not a folder; give a folder (created "
-                             f"if missing) such as {existing}-logs")
+        _refuse_file_in_path(Path(log_dir), f"--log-dir {log_dir}", "")
+
+
+def _refuse_file_in_path(folder: Path, given: str, name: str) -> None:
+    """Refuse a folder to be made where a file stands (it or the nearest existing folder above it)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:  # what mkdir -p would build on
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise InputError(f"{given}: {existing} is a file, not a folder; give a folder (created if missing) such "
+                         f"as {Path(f'{existing}-logs', name)}")
 
 
 def _cmd_train(args) -> int:
@@ -209,6 +216,7 @@ def _cmd_train(args) -> int:
                "steps": result.steps, "seconds": round(result.seconds, 2), "flops_per_token": result.flops_per_token,
                "precision": result.precision}
     if args.metrics:
+        Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(Path(args.metrics), json.dumps(metrics, indent=1))
     print(f"step {result.steps}: {held_out_summary(result.eval)} ({result.seconds:.1f} s)",
           file=sys.stderr if args.quiet else sys.stdout)

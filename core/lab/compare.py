@@ -299,13 +299,16 @@ def _stored_recipe_is_planned(run: Run) -> bool | None:
     recipe_file = run.folder / "recipe.yaml"
     if not recipe_file.exists():
         return None
-    return _same_recipe(yaml.safe_load(recipe_file.read_text(encoding="utf-8")), run.recipe)
+    stored = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
+    return isinstance(stored, dict) and _same_recipe(stored, run.recipe)
 
 
 def _recipe_change(run: Run) -> str:
     """Where the run folder's recipe and the planned one first differ, once both are resolved:
     ``key.path: A in the run, B planned``."""
     stored = yaml.safe_load((run.folder / "recipe.yaml").read_text(encoding="utf-8"))
+    if not isinstance(stored, dict):
+        return f"its recipe.yaml holds {type(stored).__name__}, not a recipe"
     try:
         stored, planned = resolve(stored).data, resolve(run.recipe).data
     except SeqzooError:
@@ -325,12 +328,12 @@ def _first_difference(a, b, path: tuple) -> tuple | None:
     """The first key path where two nested mappings differ, with both values (``_ABSENT`` where
     one lacks the key); None when they are equal."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in [*a, *(key for key in b if key not in a)]:
-            found = _first_difference(a.get(key, _ABSENT), b.get(key, _ABSENT), (*path, key))
-            if found:
-                return found
-        return None
-    return None if a == b else (path, a, b)
+        pairs = [(key, a.get(key, _ABSENT), b.get(key, _ABSENT)) for key in [*a, *(key for key in b if key not in a)]]
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        pairs = list(zip(range(len(a)), a, b))
+    else:
+        return None if a == b else (path, a, b)
+    return next((found for key, x, y in pairs if (found := _first_difference(x, y, (*path, key)))), None)
 
 
 def _finished(run: Run) -> bool:

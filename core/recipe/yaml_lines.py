@@ -34,7 +34,7 @@ def read_yaml(text: str, file: str) -> tuple[Any, dict[tuple, Location]]:
         raise RecipeError(f"{file}:1: invalid YAML: {str(error).splitlines()[0]}") from None
     where: dict[tuple, Location] = {}
     if node is not None:
-        _walk(node, (), where, file, set())
+        _walk(node, (), where, file, {})
     return data, where
 
 
@@ -56,10 +56,12 @@ def _check_nesting(root: yaml.Node, file: str) -> None:
             stack += [(child, depth + 1) for child in node.value]
 
 
-def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: set[int]) -> None:
+def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: dict[int, tuple]) -> None:
+    """Record the line of every key path below ``node`` (at ``path``) in ``where``; ``seen`` maps
+    each node walked to its path."""
     if id(node) in seen:  # an alias: already mapped, and walking it again could explode
         return
-    seen.add(id(node))
+    seen[id(node)] = path
     if isinstance(node, yaml.MappingNode):
         keys: dict[Any, int] = {}
         merged = []
@@ -82,7 +84,12 @@ def _walk(node: yaml.Node, path: tuple, where: dict, file: str, seen: set[int]) 
         # of several merged mappings PyYAML's data keeps the last one's value, so its line is kept too
         for source in reversed(merged):
             lines: dict[tuple, Location] = {}
-            _walk(source, path, lines, file, seen)
+            if id(source) in seen:  # `<<: *anchor`: the anchor's lines, moved from where it was written to here
+                origin = seen[id(source)]
+                lines = {(*path, *key_path[len(origin):]): location for key_path, location in where.items()
+                         if key_path[:len(origin)] == origin and len(key_path) > len(origin)}
+            else:
+                _walk(source, path, lines, file, seen)
             for key_path, location in lines.items():
                 where.setdefault(key_path, location)
     elif isinstance(node, yaml.SequenceNode):

@@ -31,9 +31,9 @@ def time_step_limit(value: Any) -> list[float] | None:
     pair = [SPECIAL_FLOATS.get(v.get("__float__"), v) if isinstance(v, dict) else v
             for v in value] if isinstance(value, list | tuple) else None
     if (pair is None or len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int | float) for v in pair)
-            or any(math.isnan(v) for v in pair) or pair[0] >= pair[1] or pair[1] <= 0):
+            or any(math.isnan(v) for v in pair) or pair[0] > pair[1] or pair[1] <= 0):
         raise CheckpointError(f"config.json: time_step_limit {value!r} is not supported; it must be a pair "
-                              f"[lo, hi] with lo < hi and hi > 0 ([0.0, Infinity] for none)")
+                              f"[lo, hi] with lo ≤ hi and hi > 0 ([0.0, Infinity] for none)")
     # Δ is a softplus, never negative: a negative lo clamps as 0 does, and dt_limit takes no less
     return None if (float(pair[0]) <= 0.0 and pair[1] == math.inf) else [max(float(pair[0]), 0.0), float(pair[1])]
 
@@ -101,8 +101,8 @@ def mixer_problem(spec: Mapping, eps: float, family: str, *, free_heads: bool = 
          f"model.mixer.heads is set; {family} sizes its Mamba-2 layers by expand·hidden_size"),
         (spec["norm_eps"] == eps, f"model.mixer.norm_eps {spec['norm_eps']} must equal model.norm.eps {eps} "
                                   f"({family} has one ε)"),
-        (limit is None or (len(limit) == 2 and limit[0] < limit[1]),
-         f"model.mixer.dt_limit {limit} must be a pair [lo, hi] with lo < hi"),
+        (limit is None or (len(limit) == 2 and limit[0] <= limit[1]),
+         f"model.mixer.dt_limit {limit} must be a pair [lo, hi] with lo ≤ hi"),
         (spec.get("rmsnorm", True) and not spec.get("norm_before_gate", False),
          f"model.mixer: {family}'s Mamba-2 gates, then normalises (rmsnorm true, norm_before_gate false)"),
     )

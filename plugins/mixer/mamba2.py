@@ -56,8 +56,8 @@ class Mamba2(Mixer):
                  norm_before_gate: bool = False) -> None:
         super().__init__(dim)
         check_dt_range("mamba2", dt_min, dt_max)
-        if dt_limit is not None and dt_limit[0] >= dt_limit[1]:  # reversed, clamp() would make every Δ hi
-            raise ConfigError(f"mamba2: dt_limit {list(dt_limit)} must be [low, high] with low < high "
+        if dt_limit is not None and dt_limit[0] > dt_limit[1]:  # reversed, clamp() would make every Δ hi
+            raise ConfigError(f"mamba2: dt_limit {list(dt_limit)} must be [low, high] with low ≤ high "
                               f"(null: no clamp)")
         inner = expand * dim if heads is None else heads * head_dim
         if inner % head_dim or (inner // head_dim) % groups:
