@@ -182,7 +182,8 @@ def test_a_finished_run_survives_a_setting_that_a_later_version_adds(data, tmp_p
     assert main(command) == 0
     assert "1 of 1 run(s) already finished" in capsys.readouterr().err
     assert main([*command, "--set", "train.lr=5.0e-4"]) == 0
-    assert "its recipe changed since the last time; starting it over" in capsys.readouterr().err
+    assert ("its recipe changed since the last time (train.lr: 0.001 in the run, 0.0005 planned); starting it over"
+            in capsys.readouterr().err)
 
 
 def test_report_only_tables_the_finished_runs_and_trains_nothing(data, tmp_path, capsys):
