@@ -62,6 +62,15 @@ def check_output_file(path: str | os.PathLike, example: str, option: str | None 
         raise InputError(f"{given}: the folder {folder} does not exist; create it first (mkdir -p {folder})")
 
 
+def file_in_the_way(folder: str | os.PathLike) -> Path | None:
+    """The file that stands where ``folder`` (or a folder above it) would be made, as ``mkdir -p``
+    would meet it; None when the folder exists or can be made."""
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing if existing.exists() and not existing.is_dir() else None
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """Write ``path`` atomically: ``write(tmp)`` fills a temp file in the same folder, which then
     replaces ``path`` with the mode ``open()`` would give it (``0o666 & ~umask``).

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckpointError, InputError
-from ..files import refuse_folder, write_text_atomic
+from ..files import file_in_the_way, refuse_folder, write_text_atomic
 from ..schema import dotted
 from ..schema import instantiate as instantiate_section
 from .checkpoints import refuse_to_replace
@@ -134,12 +134,10 @@ def _check_logs(metrics: str | None, log_dir: str | None) -> None:
 
 def _refuse_file_in_path(folder: Path, given: str, name: str) -> None:
     """Refuse a folder to be made where a file stands (it or the nearest existing folder above it)."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:  # what mkdir -p would build on
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise InputError(f"{given}: {existing} is a file, not a folder; give a folder (created if missing) such "
-                         f"as {Path(f'{existing}-logs', name)}")
+    file = file_in_the_way(folder)
+    if file is not None:
+        raise InputError(f"{given}: {file} is a file, not a folder; give a folder (created if missing) such "
+                         f"as {Path(f'{file}-logs', name)}")
 
 
 def _cmd_train(args) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import write_text_atomic
+from ..files import file_in_the_way, write_text_atomic
 from ..interfaces import Tokenizer
 from .shards import DTYPES, FORMAT, MANIFEST, SPLITS, DataError, dtype_for, file_sha256, read_manifest
 from .sources import PIECE, Source, count_documents, documents, find_sources, skipped
@@ -82,12 +82,10 @@ def _check_output(folder: Path, output: str, arguments: list[str], exclude: tupl
     """Refuse an output folder that cannot be made (a file is in its place) or that lies in a source
     folder, unless the walk skips it (hidden, or --exclude): the next run would read the shards back
     as input, and the source's files would change under it."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:  # what mkdir -p would build on
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise DataError(f"-o {output}: {existing} is a file, not a folder; give a folder for the shards (created "
-                        f"if missing) such as {existing}-shards")
+    file = file_in_the_way(folder)
+    if file is not None:
+        raise DataError(f"-o {output}: {file} is a file, not a folder; give a folder for the shards (created "
+                        f"if missing) such as {file}-shards")
     target = folder.resolve()
     for argument in arguments:
         source = Path(argument).expanduser().resolve()
