@@ -159,6 +159,11 @@ def test_names_and_the_table_format():
                          "eval": {"loss": loss, "perplexity": 2.0}} for s, loss in ((0, 1.0), (1, 2.0))]}
     row = markdown(results).splitlines()[2]
     assert row == "| m | 1,234 | 1,000 | 2.00M | 100 | 50 | 1.5000 ± 0.7071 | 2.00 ± 0.00 | 10 |"
+    # a run resumed by seqzoo before 2026-12-04 kept only its last stretch in wall.json: its wall
+    # time is then at least its training clock
+    results["runs"][0]["train_seconds"] = 30.0
+    assert markdown(results).splitlines()[2].endswith("| 20 |")  # the mean of 30 and 10
+    del results["runs"][0]["train_seconds"]
     assert markdown(results).endswith("Measured on CPU X (2 cores), torch 2.x.")
     # a comparison finished on another machine names each machine with its runs
     results["runs"][1]["machine"] = {"cpu": "CPU Y", "cores": 4, "torch": "2.x", "gpu": None}

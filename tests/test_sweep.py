@@ -6,12 +6,15 @@ import pytest
 
 from seqzoo.lab.sweep import (
     Contender,
+    Depths,
+    compute_line,
     falls,
     first_below,
     line_style,
     overall_verdict,
     state_floats,
     state_space_contenders,
+    study,
     tabulate,
     trainability,
     verdict,
@@ -154,3 +157,23 @@ def test_the_committed_study_runs_are_the_runs_this_seqzoo_plans():
                     f"{path}: its recipe is not the one the study plans now; the study would train it again"
                 checked += 1
     assert checked >= 48  # 21 recall and 27 copying recipes were committed when this test was written
+
+
+def test_the_compute_counts_every_run_once_by_its_own_training_clock(monkeypatch):
+    """A study's compute is the sweep's runs and the seeds' runs, seed 0 at the best rate once, each
+    by its training clock (``train_seconds``), not by its wall time."""
+    def fake_compare(arms, folder, *, seeds, **_):
+        return {"runs": [{"arm": arm.name, "seed": seed, "parameters": 10, "train_seconds": 600.0 * (1 + seed),
+                          "wall_seconds": 1.0, "eval": {"loss": 1.0, "groups": {"N=4": {
+                              "accuracy": 0.5 if arm.name.endswith("0.001") else 0.1}}}}
+                         for arm in arms for seed in seeds]}
+
+    monkeypatch.setattr("seqzoo.lab.sweep.compare", fake_compare)
+    found = study(WHO[:2], [], [], rates=[1e-3, 3e-3], seeds=[0, 1, 2], steps=1, folder="unused", metric="accuracy")
+    assert found["best"] == {"attention": 1e-3, "mamba N=4": 1e-3}
+    # 2 models × 2 rates on seed 0 (600 s each), then seeds 1 and 2 at the best rate (1,200 and 1,800 s)
+    assert found["compute"] == {"runs": 8, "seconds": 4 * 600.0 + 2 * (1200.0 + 1800.0)}
+    assert compute_line(found["compute"], {"runs": 2, "seconds": 600.0}) == "10 runs, 2.5 hours of training"
+    depths = Depths([], {"2": {"verdict": "supported", "reasons": ["why"]}}, {"2": found}, "supported")
+    assert depths.notes() == ["2 layers: supported — why",
+                              "compute: 8 runs, 2.3 hours of training (2 layers: 8 runs, 2.3 hours of training)"]

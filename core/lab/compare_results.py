@@ -24,6 +24,13 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "gpu": gpu}
 
 
+def wall_seconds(run: dict) -> float:
+    """A run's wall time, never less than its training clock: seqzoo before 2026-12-04 kept only a
+    resumed run's last stretch in ``wall.json``, so such a run's whole training time is the lower
+    bound its result still holds."""
+    return max(run["wall_seconds"], run.get("train_seconds") or 0.0)
+
+
 def summary_rows(results: dict) -> list[dict]:
     """One row per arm: parameters, speed, memory and the held-out metrics over its seeds."""
     by_arm: dict[str, list[dict]] = {}
@@ -35,7 +42,7 @@ def summary_rows(results: dict) -> list[dict]:
                "non_embedding": runs[0]["non_embedding"], "flops_per_token": runs[0]["flops_per_token"],
                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs if r["tokens_per_s"]),
                "peak_memory_mb": max(r["peak_memory_mb"] or 0 for r in runs),
-               "wall_seconds": statistics.fmean(r["wall_seconds"] for r in runs)}
+               "wall_seconds": statistics.fmean(wall_seconds(r) for r in runs)}
         for key in ("loss", "perplexity", "accuracy", "exact"):
             values = [r["eval"][key] for r in runs if key in r["eval"]]
             if values:

@@ -43,6 +43,7 @@ from .sweep import (
     OPTIMIZER,
     Contender,
     best_rates,
+    compute_line,
     invalid,
     line_style,
     per_group,
@@ -158,7 +159,7 @@ def delta_rule(quick: bool = False, log: Callable[[str], None] = print, folder: 
     folder = folder or tempfile.mkdtemp(prefix="seqzoo-delta-rule-")
     beside = os.path.dirname(os.path.abspath(folder))
     widths = QUICK_HEAD_DIMS if quick else HEAD_DIMS
-    rows, tasks = [], {}
+    rows, tasks, spent = [], {}, []
     for task, (module, depth) in TASKS.items():
         shape = module.QUICK if quick else module.FULL
         layers = shape["layers"][0] if quick else depth
@@ -172,6 +173,7 @@ def delta_rule(quick: bool = False, log: Callable[[str], None] = print, folder: 
         found = study(gdn, base, design["train"], rates=shape["rates"], seeds=shape["seeds"], steps=shape["steps"],
                       folder=os.path.join(folder, task, f"layers{layers}"), metric=design["metric"], log=log,
                       threads=torch.get_num_threads(), workers=workers, report_only=report_only)
+        spent.append(found["compute"])
         runs = {**first["runs"], **found["runs"]}
         table = {name: per_group(seeds, design["metric"]) for name, seeds in runs.items()}
         means = {name: [statistics.fmean(values[g]) for g in groups] for name, values in table.items()}
@@ -204,6 +206,8 @@ def delta_rule(quick: bool = False, log: Callable[[str], None] = print, folder: 
     settings = {"head_dims": widths, "tasks": {task: depth for task, (_, depth) in TASKS.items()},
                 "optimizer": OPTIMIZER, "reference_runs": "the first study's, read from its folders beside this one"}
     notes = [f"{task}: {t['verdict']} — " + "; ".join(t["reasons"]) for task, t in tasks.items()]
+    notes.append(f"compute: {compute_line(*spent)} "
+                 f"(the Gated DeltaNet runs; the reference runs are the first study's)")
     return ExperimentResult("delta-rule", f"Does the delta rule buy recall back? Gated DeltaNet at Mamba's state "
                             f"floats on MQAR and copying — verdict: {overall(verdicts)}", columns, rows, settings,
                             {"tasks": tasks, "verdict": overall(verdicts)}, notes)

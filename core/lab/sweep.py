@@ -110,7 +110,24 @@ def study(contenders: list[Contender], base: list[str], training: list[str], *, 
         name = run["arm"].rsplit(" · lr ", 1)[0]
         runs[name].append(run)
         parameters[name] = run["parameters"]
-    return {"sweep": sweep, "best": best, "runs": runs, "parameters": parameters}
+    # seed 0 at the best rate is in both phases: count it once
+    trained = {(run["arm"], run["seed"]): run for run in [*swept["runs"], *final["runs"]]}
+    return {"sweep": sweep, "best": best, "runs": runs, "parameters": parameters, "compute": compute(trained.values())}
+
+
+def compute(runs) -> dict:
+    """What the finished ``runs`` cost to train -> {"runs": count, "seconds": sum}: each run's own
+    training clock (``train_seconds``, the last point of its curve), which a resumed run carries on
+    from its checkpoint. Not the wall time: seqzoo before 2026-12-04 kept only a resumed run's last
+    stretch in ``wall.json``, and a stretch counts the work an interruption threw away."""
+    runs = list(runs)
+    return {"runs": len(runs), "seconds": round(sum(run["train_seconds"] or 0.0 for run in runs), 1)}
+
+
+def compute_line(*spent: dict) -> str:
+    """``compute`` results, summed, in words: "R runs, H hours of training"."""
+    runs, seconds = sum(s["runs"] for s in spent), sum(s["seconds"] for s in spent)
+    return f"{runs} runs, {seconds / 3600:.1f} hours of training"
 
 
 def best_rates(contenders: list[Contender], rates: list[float], by_name: dict[str, dict],
@@ -312,7 +329,10 @@ class Depths:
     verdict: str
 
     def notes(self) -> list[str]:
-        return [f"{layers} layers: {d['verdict']} — " + "; ".join(d["reasons"]) for layers, d in self.data.items()]
+        spent = {layers: found["compute"] for layers, found in self.found.items()}
+        return [*(f"{layers} layers: {d['verdict']} — " + "; ".join(d["reasons"]) for layers, d in self.data.items()),
+                f"compute: {compute_line(*spent.values())} ("
+                + ", ".join(f"{layers} layers: {compute_line(s)}" for layers, s in spent.items()) + ")"]
 
 
 def every_depth(shape: dict, folder: str, contenders: Callable[[int], list[Contender]],
