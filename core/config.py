@@ -7,9 +7,36 @@ validates the sections against them (``seqzoo.recipe``) and the trainer runs wit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from .schema import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability, Spec, UnitInterval
+import torch
+
+from .schema import (
+    Check,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+    Spec,
+    UnitInterval,
+)
+
+
+def device_problem(name: str) -> str | None:
+    """What is wrong with a device name (one torch does not know, such as ``tpu``), or None; whether
+    the device is there is asked only when a model is built on it."""
+    if name == "auto":
+        return None
+    try:
+        torch.device(name)
+    except RuntimeError:
+        return f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or meta"
+    return None
+
+
+#: A device name, refused when the recipe is read if torch does not know it.
+Device = Annotated[str, Check(device_problem)]
 
 
 @dataclass(frozen=True)
@@ -21,7 +48,7 @@ class RuntimeConfig:
     torch's kernels (null = torch's default, one per core; ``seqzoo train --threads`` overrides).
     """
 
-    device: str = "auto"
+    device: Device = "auto"
     dtype: Literal["float32", "float16", "bfloat16", "float64"] = "float32"
     compile: bool = False
     threads: PositiveInt | None = None

@@ -61,8 +61,13 @@ def unknown_name(what: str, name: str, choices: Iterable[str], *, plugin_hint: b
 
 class ConfigError(SeqzooError, ValueError):
     """A component parameter that is valid on its own but not with the core's arguments (e.g. a
-    rotary dim larger than the head dim). Raised by constructors; ``build`` reports it as a
-    ``RecipeError`` at the model section."""
+    rotary dim larger than the head dim). Raised by constructors; ``build`` and ``train`` report it
+    as a ``RecipeError`` where the refusing component's spec was written (``Resolved.path_of``).
+
+    ``spec``: the (kind, validated spec) of the innermost component that refused, which
+    ``Registry.create`` records on the way out; None when no component was being created."""
+
+    spec: tuple[str, dict] | None = None
 
 
 class InputError(SeqzooError, ValueError):

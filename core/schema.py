@@ -3,8 +3,9 @@
 A component's constructor *is* its schema. The validator reads its signature and type hints and
 checks a recipe section against them before any tensor exists, filling in defaults. Supported hints:
 ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``, unions, ``list[X]``,
-``tuple[X, ...]``, ``dict[str, X]``, frozen dataclasses (nested sections), ``Annotated[X, Range(...)]``
-and ``Spec["kind"]`` (another registered component, by name or ``{kind: name, **params}``).
+``tuple[X, ...]``, ``dict[str, X]``, frozen dataclasses (nested sections), ``Annotated[X, Range(...)]``,
+``Annotated[X, Check(rule)]`` and ``Spec["kind"]`` (another registered component, by name or
+``{kind: name, **params}``).
 """
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ class Range:
         if self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)):
             return f"must be {'<' if self.hi_open else '<='} {self.hi}"
         return None
+
+
+@dataclass(frozen=True)
+class Check:
+    """A rule for ``Annotated[X, Check(rule)]`` that no type says (a device name torch knows):
+    ``rule(value)`` returns what is wrong with the value, or None."""
+
+    rule: typing.Callable[[Any], str | None]
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,10 @@ class Validator:
                     problem = extra.check(value)
                     if problem:
                         raise SchemaError(path, f"{value!r} is out of range: {problem}")
+                if isinstance(extra, Check) and value is not None:
+                    problem = extra.rule(value)
+                    if problem:
+                        raise SchemaError(path, problem)
             return value
         if hint is Any or hint is object:
             return value

@@ -43,6 +43,23 @@ def test_bad_score_name_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in out.stderr
 
 
+def test_a_task_that_refuses_its_settings_is_located_in_the_recipe_before_training(tmp_path, capsys):
+    """The task's own rules (min_len <= max_len; its symbols inside the vocabulary) are found when
+    training starts, and named by file, line and key like any recipe error; nothing is written."""
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("extends: tiny-gpt\ntrain:\n  steps: 2\n  task:\n    kind: copy\n    min_len: 9\n"
+                      "    max_len: 3\n")
+    assert main(["train", str(recipe), "-o", str(tmp_path / "m.safetensors"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("bad.yaml:4: train.task: task copy: min_len=9 is larger than max_len=3") and "\n" not in err
+    recipe.write_text("extends: tiny-gpt\ntrain:\n  steps: 2\n  task: {kind: copying, alphabet: 500}\n")
+    assert main(["train", str(recipe), "-o", str(tmp_path / "m.safetensors"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "bad.yaml:2: train: task copying: symbols use ids 3..502, beyond the model's vocab_size=259; lower "
+        "alphabet or first")
+    assert not list(tmp_path.glob("m.*"))
+
+
 def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(seqzoo.RecipeError):
         main(["--debug", "build", "tiny-gpt", "--set", "model.layers=zero"])

@@ -230,7 +230,7 @@ def test_invalid_utf8_names_the_line(tmp_path):
 
 
 def test_rope_rotary_dim_conflict_is_a_recipe_error():
-    with pytest.raises(seqzoo.RecipeError, match=r"model: rope rotary_dim=7 must be even"):
+    with pytest.raises(seqzoo.RecipeError, match=r"^--set\[1\]:1: model\.position: rope rotary_dim=7 must be even"):
         seqzoo.build("tiny-gpt", ["model.position={kind: rope, rotary_dim: 7}"], device="meta")
 
 
@@ -304,3 +304,27 @@ def test_at_most_ten_mistakes_are_listed(tmp_path):
         resolve(path)
     lines = str(caught.value).splitlines()
     assert len(lines) == 11 and lines[-1] == "... and 3 more error(s)"
+
+
+def test_a_component_that_refuses_its_parameters_is_located_where_its_spec_was_written(tmp_path):
+    """A constructor's ConfigError (valid keys, impossible together) points at the component's own
+    line, also inside layer_types, not at ``model:``."""
+    recipe = TINY + "  mixer:\n    kind: mamba2\n    state: 16\n    head_dim: 48\n"
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:11: model\.mixer: mamba2: the inner width 64 must "
+                                                 r"split into heads of head_dim=48"):
+        seqzoo.build(str(write(tmp_path, "r.yaml", recipe)), device="meta")
+    hybrid = TINY + ("  layer_types:\n    ssm:\n      mixer: {kind: mamba2, state: 16, head_dim: 48}\n"
+                     "    attention: {}\n  pattern: [ssm, attention]\n")
+    with pytest.raises(seqzoo.RecipeError, match=r"r\.yaml:13: model\.layer_types\.ssm\.mixer: mamba2:"):
+        seqzoo.build(str(write(tmp_path, "r.yaml", hybrid)), device="meta")
+    # a router told to pick more experts than its block has: the router's line in the moe block
+    with pytest.raises(seqzoo.RecipeError, match=r"tiny-moe\.yaml:\d+: model\.ffn\.router: router: top_k=9 must "
+                                                 r"be at most experts=4"):
+        seqzoo.build("tiny-moe", ["model.ffn.top_k=9"], device="meta")
+
+
+def test_a_device_torch_does_not_know_is_refused_when_the_recipe_is_read():
+    with pytest.raises(seqzoo.RecipeError, match=r"^--set\[1\]:1: runtime\.device: unknown device 'tpu'; use "
+                                                 r"auto, cpu, cuda, cuda:N or meta$"):
+        resolve("tiny-gpt", ["runtime.device=tpu"])
+    assert resolve("tiny-gpt", ["runtime.device=cuda:1"]).data["runtime"]["device"] == "cuda:1"  # there or not

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, ConfigError, InputError
 from ..files import file_in_the_way, refuse_folder, write_text_atomic
 from ..schema import dotted
 from ..schema import instantiate as instantiate_section
@@ -205,9 +205,12 @@ def _cmd_train(args) -> int:
             print(f"init: weights and tokenizer from {init}", file=sys.stderr)
     if output != args.resume and not args.output:
         os.makedirs(os.path.dirname(output), exist_ok=True)
-    result = train(model, config, tokenizer(model), output=output, resume=args.resume, until=args.until,
-                   quiet=args.quiet, compile=resolved.data["runtime"]["compile"], log_dir=args.log_dir,
-                   weights_only=args.weights_only)
+    try:
+        result = train(model, config, tokenizer(model), output=output, resume=args.resume, until=args.until,
+                       quiet=args.quiet, compile=resolved.data["runtime"]["compile"], log_dir=args.log_dir,
+                       weights_only=args.weights_only)
+    except ConfigError as error:  # a train: setting the model or task refuses (the task's min_len > max_len)
+        raise resolved.error(resolved.path_of(error.spec, ("train",)), str(error)) from None
     if not dist_info.main:
         return 0
     metrics = {"history": result.history, "eval": result.eval, "example_prompt": result.example_prompt,

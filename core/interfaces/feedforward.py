@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import ConfigError
 from .part import Part
 
 
@@ -59,7 +59,7 @@ class Router(Part):
     def __init__(self, dim: int, experts: int, top_k: int) -> None:
         super().__init__()
         if top_k > experts:
-            raise InputError(f"router: top_k={top_k} must be at most experts={experts}")
+            raise ConfigError(f"router: top_k={top_k} must be at most experts={experts}")
         self.dim, self.experts, self.top_k = dim, experts, top_k
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..builder import Parts
+from ..config import device_problem
 from ..errors import ConfigError, SeqzooError
 from ..interfaces import LanguageModel
 from ..recipe import Resolved, resolve
@@ -23,10 +24,10 @@ def pick_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; a CUDA device that is not there is an error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SeqzooError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or meta") from None
+    problem = device_problem(name)
+    if problem:
+        raise SeqzooError(problem)
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
                else "no CUDA GPU is visible")
@@ -76,7 +77,7 @@ def instantiate(resolved: Resolved, device: str | torch.device | None = None,
         with target, parameters_in(torch_dtype, keep_values=initialise), skip:
             model = call_with(component.cls, params, parts)
     except ConfigError as error:
-        raise resolved.error(("model",), str(error)) from None
+        raise resolved.error(resolved.path_of(error.spec, ("model",)), str(error)) from None
     model.to(dtype=torch_dtype)  # the buffers (built in float32, as the code that fills them expects)
     if isinstance(model, LanguageModel):  # .to() keeps ties, but a plugin may rebuild its head
         model.tie_weights()

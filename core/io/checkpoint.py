@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from ..errors import CheckpointError, RecipeError, RegistryError, SeqzooError, few, first_line
-from ..files import FolderNotWritable, atomic_write
+from ..files import FolderNotWritable, atomic_write, check_output_file
 from ..interfaces import Model
 from ..recipe import parse_requirement, resolve
 from ..registry import canonical_name, installed_version, registry, tokenizer
@@ -86,10 +86,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_metadata: dict[str,
         metadata["seqzoo.tokenizer"] = tokenizer_state
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise CheckpointError(f"{path}: folder {folder} does not exist")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory; give a file name such as {path / 'model.safetensors'}")
+    _check_output(path)
     # atomic_write: a crash at any moment leaves either the old file or the complete new one, and
     # the file gets the umask's mode (0644), as open() would give it.
     try:
@@ -359,6 +356,15 @@ def mismatches(missing: list[str], unexpected: list[str], shapes: list[str], dty
     return [f"{what}: {few(list(names))}" for what, names in kinds if names]
 
 
+def _check_output(path: Path) -> None:
+    """``files.check_output_file`` (not a folder, in a folder that exists), in every command's words,
+    as the CheckpointError that the callers of ``save`` catch."""
+    try:
+        check_output_file(path, "model.safetensors")
+    except SeqzooError as error:
+        raise CheckpointError(str(error)) from None
+
+
 def check_can_save(path: str | os.PathLike) -> None:
     """Refuse, before any work, an output ``path`` that ``save`` could not write: its folder must
     exist and be writable, it must not be a folder, and the serializer must work in this
@@ -366,10 +372,7 @@ def check_can_save(path: str | os.PathLike) -> None:
     it never ends with nowhere to put its result."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory; give a file name such as {path / 'model.safetensors'}")
-    if not folder.is_dir():
-        raise CheckpointError(f"{path}: folder {folder} does not exist; create it first (mkdir -p {folder})")
+    _check_output(path)
     if not os.access(folder, os.W_OK | os.X_OK):
         raise CheckpointError(f"{path}: cannot write in {folder} (permission denied); pick a writable "
                               f"folder for the output")

@@ -59,6 +59,27 @@ class Resolved:
         """A RecipeError located where ``path`` was written (for problems found while building)."""
         return (self.source or _Source()).error(path, message)
 
+    def path_of(self, spec: tuple[str, dict] | None, within: tuple) -> tuple:
+        """Where a component's spec (a ``ConfigError``'s ``spec``) was written under ``within``: the
+        first key path, depth first, of a mapping with the spec's kind and its values at every key;
+        ``within`` itself when there is none (a spec the model derived rather than read)."""
+        wanted = spec[1] if spec is not None else {}
+
+        def paths(value, path: tuple):
+            if isinstance(value, dict):
+                if "kind" in value and all(key in wanted and wanted[key] == item for key, item in value.items()):
+                    yield path
+                for key, item in value.items():
+                    yield from paths(item, (*path, key))
+            elif isinstance(value, list):
+                for index, item in enumerate(value):
+                    yield from paths(item, (*path, index))
+
+        section = self.data
+        for key in within:
+            section = section[key]
+        return next(paths(section, within), within)
+
 
 class _Source:
     """A recipe being assembled: merged data and where each key path was written. ``label`` names

@@ -12,7 +12,7 @@ from typing import Any
 
 import pluggy
 
-from ..errors import PluginWarning, RegistryError, unknown_name
+from ..errors import ConfigError, PluginWarning, RegistryError, unknown_name
 from ..interfaces import BASES, CORE_ARGS
 from ..schema import Configured, SchemaError, Validator, call_with, instantiate, spec_kind, spec_list_kind
 from .settings import strict
@@ -157,11 +157,16 @@ class Registry:
         if missing:
             raise TypeError(f"creating {kind} {component.name!r} needs core arguments {missing}")
         ordered = list(core_args) + [kwargs.pop(a) for a in core[len(core_args):]]
-        if issubclass(component.cls, Configured):  # one dataclass of parameters, then its parts' factories
-            config = instantiate(params, component.cls.Config)
-            return component.cls(*ordered, config, **self.factories(component.cls.Config, params, only_specs=True),
-                                 **kwargs)
-        return call_with(component.cls, {**self.factories(component.cls.__init__, params), **kwargs}, *ordered)
+        try:
+            if issubclass(component.cls, Configured):  # one dataclass of parameters, then its parts' factories
+                config = instantiate(params, component.cls.Config)
+                return component.cls(*ordered, config,
+                                     **self.factories(component.cls.Config, params, only_specs=True), **kwargs)
+            return call_with(component.cls, {**self.factories(component.cls.__init__, params), **kwargs}, *ordered)
+        except ConfigError as error:
+            if error.spec is None:  # the innermost component that refused: its spec says where it was written
+                error.spec = (kind, spec)
+            raise
 
     def factories(self, schema: Any, params: dict, *, only_specs: bool = False) -> dict:
         """``params`` with every ``Spec[kind]`` parameter's spec (per ``schema``'s hints: a

@@ -87,7 +87,7 @@ def test_hidden_not_a_multiple_is_rejected_with_fix():
 
 def test_recipe_reports_hidden_conflict_as_recipe_error():
     with pytest.raises(seqzoo.RecipeError,
-                       match=r"model: swiglu: hidden=100 must be a multiple of multiple_of=64"):
+                       match=r"model\.ffn: swiglu: hidden=100 must be a multiple of multiple_of=64"):
         seqzoo.build("tiny-gpt", ["model.ffn={kind: swiglu, hidden: 100, multiple_of: 64}"], device="meta")
 
 

@@ -168,7 +168,7 @@ def test_config_error_for_max_distance_within_exact_range():
 
 
 def test_config_error_reported_by_build_as_recipe_error():
-    with pytest.raises(RecipeError, match=r"model: t5 max_distance=8 must be greater"):
+    with pytest.raises(RecipeError, match=r"model\.position: t5 max_distance=8 must be greater"):
         seqzoo.build("tiny-gpt", ["model.position={kind: t5, max_distance: 8}"], device="cpu")
 
 
