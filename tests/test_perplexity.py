@@ -79,6 +79,11 @@ def test_bad_windows_and_inputs_are_refused():
     model = seqzoo.build("tiny-gpt", device="cpu")
     with pytest.raises(InputError, match=r"context=8 and stride=9: need context >= 2 and 1 <= stride <= context"):
         evaluate(model, "some text here", context=8, stride=9)
+    # 0 is a value, refused, not a stand-in for the default (as the CLI's --context 0 is refused)
+    with pytest.raises(InputError, match=r"context=0 and stride=0: need context >= 2"):
+        evaluate(model, "some text here", context=0)
+    with pytest.raises(InputError, match=r"context=8 and stride=0: need"):
+        evaluate(model, "some text here", context=8, stride=0)
     with pytest.raises(InputError, match=r"context=999 is longer than the model's 256 positions"):
         evaluate(model, "some text here", context=999)
     with pytest.raises(InputError, match=r"perplexity needs at least 2"):

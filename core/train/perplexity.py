@@ -74,8 +74,8 @@ def evaluate(model: nn.Module, text: str | None = None, *, ids: torch.Tensor | N
     if ids.numel() < 2:
         raise InputError(f"the text has {ids.numel()} token(s); perplexity needs at least 2")
     limit = model.max_positions
-    context = context or min(limit or 1024, 1024 if limit is None else limit)
-    stride = stride or context
+    context = min(limit or 1024, 1024 if limit is None else limit) if context is None else context
+    stride = context if stride is None else stride  # 0 is refused below, not read as "the default"
     if context < 2 or stride < 1 or stride > context:
         raise InputError(f"context={context} and stride={stride}: need context >= 2 and 1 <= stride <= context")
     if limit is not None and context > limit:
