@@ -78,6 +78,15 @@ def unfinished_folder(error: str, root: Path) -> Path:
     return root / Path(folder).relative_to(root) / "runs" / slug(label) / f"seed{seed}"
 
 
+def test_report_only_of_a_folder_without_runs_is_refused_before_any_planning(tmp_path, capsys):
+    typo = tmp_path / "recal"
+    assert main(["experiment", "recall", "-o", str(typo), "--report-only"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"seqzoo: error: {typo}: no finished runs to report; give the folder the runs "
+                                    f"trained into as -o, or train them: the same command without --report-only")
+    assert captured.out == "" and not typo.exists()
+
+
 def test_report_only_is_refused_for_an_experiment_that_keeps_no_runs(tmp_path, capsys):
     assert main(["experiment", "vanishing-gradients", "--quick", "--report-only", "-o", str(tmp_path)]) == 2
     assert "keeps no runs to report from; only recall, copying, delta-rule, moe do" in capsys.readouterr().err

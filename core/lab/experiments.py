@@ -332,6 +332,9 @@ def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick:
         raise InputError(f"threads={threads} must be >= 1")
     require_matplotlib()  # fail before training, not after
     folder = os.fspath(output) if output is not None else os.path.join("experiments", name)
+    if report_only and not any(Path(folder).glob("**/runs/*/seed*/result.json")):  # before planning any run
+        raise InputError(f"{folder}: no finished runs to report; give the folder the runs trained into as -o, or "
+                         f"train them: the same command without --report-only")
     os.makedirs(folder, exist_ok=True)
     previous = torch.get_num_threads()
     if threads is not None:
