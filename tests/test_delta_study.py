@@ -97,8 +97,8 @@ def test_the_second_study_reads_the_first_and_trains_only_gated_deltanet(tmp_pat
 
     from seqzoo.cli import main
 
-    for name in ("recall", "copying"):
-        assert main(["experiment", name, "--quick", "--workers", "1", "-o", str(tmp_path / name)]) == 0
+    # several names: each in its own folder under -o, as the second study expects the first's beside it
+    assert main(["experiment", "recall", "copying", "--quick", "--workers", "1", "-o", str(tmp_path)]) == 0
     before = {p: p.stat().st_mtime for p in tmp_path.glob("*/layers*/runs/*/seed*/result.json")}
     capsys.readouterr()
     assert main(["experiment", "delta-rule", "--quick", "--workers", "1", "-o", str(tmp_path / "delta-rule")]) == 0
@@ -118,3 +118,13 @@ def test_the_second_study_reads_the_first_and_trains_only_gated_deltanet(tmp_pat
     counts = {r[1]: r[3] for r in first["rows"]}
     ours = {r[1]: r[3] for r in saved["rows"] if r[0] == "recall"}
     assert abs(ours["gated deltanet D_k=8"] - counts["attention"]) / counts["attention"] < 0.02
+    # both studies' tables and figures, rebuilt from the kept files by one command, nothing trained
+    names = ("recall", "copying", "delta-rule")
+    tables = {name: json.loads((tmp_path / name / f"{name}.json").read_text())["rows"] for name in names}
+    results = {p: p.stat().st_mtime for p in tmp_path.glob("**/result.json")}
+    capsys.readouterr()
+    assert main(["experiment", *names, "--quick", "--report-only", "-o", str(tmp_path)]) == 0
+    assert "training" not in capsys.readouterr().err
+    assert {name: json.loads((tmp_path / name / f"{name}.json").read_text())["rows"] for name in names} == tables
+    assert {p: p.stat().st_mtime for p in results} == results and all((tmp_path / n / f"{n}.png").exists()
+                                                                      for n in names)

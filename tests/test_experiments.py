@@ -87,6 +87,14 @@ def test_report_only_of_a_folder_without_runs_is_refused_before_any_planning(tmp
     assert captured.out == "" and not typo.exists()
 
 
+def test_several_names_are_all_checked_before_the_first_runs(tmp_path, capsys):
+    assert main(["experiment", "vanishing-gradients", "extrapolaton", "--quick", "-o", str(tmp_path / "x")]) == 2
+    assert "unknown experiment 'extrapolaton'; did you mean 'extrapolation'?" in capsys.readouterr().err
+    assert main(["experiment", "recall", "surgery", "--report-only", "-o", str(tmp_path / "x")]) == 2
+    assert "the surgery experiment keeps no runs to report from" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_report_only_is_refused_for_an_experiment_that_keeps_no_runs(tmp_path, capsys):
     assert main(["experiment", "vanishing-gradients", "--quick", "--report-only", "-o", str(tmp_path)]) == 2
     assert "keeps no runs to report from; only recall, copying, delta-rule, moe do" in capsys.readouterr().err

@@ -32,16 +32,17 @@ def register_cli(add) -> dict:
     add_set(p)
     p.add_argument("--length", type=int, help="positions / distances to show (default from the recipe)")
 
-    p = add("experiment", help="run an experiment: extrapolation, seq2seq-attention, vanishing-gradients, "
-                           "linear-time, recall, copying, moe, surgery")
-    p.add_argument("name", help="extrapolation | seq2seq-attention | vanishing-gradients | linear-time | recall | "
-                                "copying | moe | surgery")
-    p.add_argument("-o", "--output", metavar="DIR", help="folder for NAME.md, NAME.json, NAME.png "
-                                                         "(default experiments/NAME)")
+    p = add("experiment", help="run experiments: extrapolation, seq2seq-attention, vanishing-gradients, "
+                           "linear-time, recall, copying, delta-rule, moe, surgery")
+    p.add_argument("names", nargs="+", metavar="name",
+                   help="extrapolation | seq2seq-attention | vanishing-gradients | linear-time | recall | copying | "
+                        "delta-rule | moe | surgery; several run one after another")
+    p.add_argument("-o", "--output", metavar="DIR", help="folder for NAME.md, NAME.json, NAME.png (default "
+                                                         "experiments/NAME); with several names, DIR/NAME for each")
     p.add_argument("--quick", action="store_true", help="a tiny version that runs in seconds")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
-    p.add_argument("--workers", type=int, help="runs trained at once by recall, copying and moe (default: cores "
-                                               "/ threads)")
+    p.add_argument("--workers", type=int, help="runs trained at once by recall, copying, delta-rule and moe "
+                                               "(default: cores / threads)")
     p.add_argument("--report-only", action="store_true",
                    help="recall, copying, delta-rule, moe: train nothing; rebuild the table and figure from the "
                         "finished runs in the output folder")
@@ -102,12 +103,16 @@ def _cmd_positions(args) -> int:
 
 
 def _cmd_experiment(args) -> int:
-    from ..lab.experiments import run_experiment
+    from ..lab.experiments import check_names, run_experiment
 
     at_least(1, ("--workers", args.workers))  # 0 would otherwise mean "the default", as compare refuses
+    check_names(args.names, args.report_only)  # every name before the first runs
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    result, paths = run_experiment(args.name, args.output, quick=args.quick, threads=args.threads, log=log,
-                                   workers=args.workers, report_only=args.report_only)
-    print(f"{result.title}\n\n{result.markdown()}\n\n{result.seconds} s; wrote "
-          f"{paths['md']}, {paths['json']}, {paths['png']}")
+    for name in args.names:
+        # several: each in a folder of its own under -o, where delta-rule finds recall/ and copying/ beside it
+        output = os.path.join(args.output, name) if args.output and len(args.names) > 1 else args.output
+        result, paths = run_experiment(name, output, quick=args.quick, threads=args.threads, log=log,
+                                       workers=args.workers, report_only=args.report_only)
+        print(f"{result.title}\n\n{result.markdown()}\n\n{result.seconds} s; wrote "
+              f"{paths['md']}, {paths['json']}, {paths['png']}")
     return 0

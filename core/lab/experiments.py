@@ -315,6 +315,16 @@ def draw(result: ExperimentResult, path: str | os.PathLike) -> str:
     return save_figure(fig, path)
 
 
+def check_names(names: list[str], report_only: bool = False) -> None:
+    """Refuse an unknown experiment, or ``report_only`` of one that keeps no runs, before any runs."""
+    for name in names:
+        if name not in EXPERIMENTS:
+            raise InputError(unknown_name("experiment", name, EXPERIMENTS))
+        if report_only and name not in KEEPS_RUNS:
+            raise InputError(f"--report-only: the {name} experiment keeps no runs to report from; only "
+                             f"{', '.join(KEEPS_RUNS)} do (run it without --report-only)")
+
+
 def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick: bool = False,
                    threads: int | None = 1, log: Callable[[str], None] = print, workers: int | None = None,
                    report_only: bool = False) -> tuple[ExperimentResult, dict[str, str]]:
@@ -323,11 +333,7 @@ def run_experiment(name: str, output: str | os.PathLike | None = None, *, quick:
     ``workers``: runs trained at once by the experiments that train through compare (default:
     as many as the cores hold at ``threads`` each). ``report_only``: those experiments train
     nothing and rebuild their table and figure from the finished runs in ``output``."""
-    if name not in EXPERIMENTS:
-        raise InputError(unknown_name("experiment", name, EXPERIMENTS))
-    if report_only and name not in KEEPS_RUNS:
-        raise InputError(f"--report-only: the {name} experiment keeps no runs to report from; only "
-                         f"{', '.join(KEEPS_RUNS)} do (run it without --report-only)")
+    check_names([name], report_only)
     if threads is not None and threads < 1:
         raise InputError(f"threads={threads} must be >= 1")
     require_matplotlib()  # fail before training, not after
