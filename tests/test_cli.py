@@ -60,6 +60,17 @@ def test_a_task_that_refuses_its_settings_is_located_in_the_recipe_before_traini
     assert not list(tmp_path.glob("m.*"))
 
 
+@pytest.mark.parametrize("args, message", [
+    (["generate", "m.safetensors", "--prompt", "x", "--max-new-tokens", "abc"],
+     "seqzoo generate: error: argument --max-new-tokens: invalid int value: 'abc' (see seqzoo generate --help)"),
+    (["data", "prepare"], "seqzoo data prepare: error: the following arguments are required: SRC, -o/--output "
+                          "(see seqzoo data prepare --help)"),
+])
+def test_a_command_line_argparse_refuses_is_one_line_too(args, message):
+    out = run(*args)
+    assert out.returncode == 2 and out.stderr == message + "\n"
+
+
 def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(seqzoo.RecipeError):
         main(["--debug", "build", "tiny-gpt", "--set", "model.layers=zero"])

@@ -31,8 +31,17 @@ PLUGIN_HELP = ("load a local plugin: a .py file or a module name (repeatable; al
                "separated by os.pathsep)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors (an unknown option, a value of the wrong type) in one line, as
+    every other seqzoo error is, instead of the usage block; ``--help`` still shows the usage.
+    Subcommands' parsers are of this class too (``add_subparsers`` makes them of the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="seqzoo", description="Assemble sequence models from plugins and YAML recipes.",
         epilog="Installed plugins (entry-point group 'seqzoo') load on first use; "
                "SEQZOO_DISABLE_PLUGINS=1 (or a comma list of names) turns them off, "
